@@ -1,0 +1,1 @@
+"""DuReader-checklist MRC toolkit on PaddlePaddle: data, vocab, features, models, metric, ensembling."""
