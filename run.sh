@@ -33,6 +33,15 @@ setup() {
     echo "setup: done"
 }
 
+# True when the args hold a launcher flag of src/launch.py (LAUNCH_FLAGS there)
+launch_requested() {
+    local arg
+    for arg in "$@"; do
+        case "$arg" in --gpus|--gpus=*|--nproc|--nproc=*|--nnodes|--nnodes=*|--master|--master=*|--node_rank|--node_rank=*|--ips|--ips=*) return 0 ;; esac
+    done
+    return 1
+}
+
 # Threads and MKL: Paddle pins itself to one thread unless told otherwise, and its bundled MKL takes a
 # slow path on AMD CPUs unless MKL_DEBUG_CPU_TYPE=5 (measured ~2x on this machine's EPYC).
 export OMP_NUM_THREADS="${OMP_NUM_THREADS:-$(nproc)}"
@@ -64,5 +73,9 @@ case "$stage" in
             exit 3
         fi
         setup >/dev/null
+        # Data-parallel (several GPUs / CPU processes / machines): through paddle.distributed.launch
+        if [[ "$stage" == pretrain || "$stage" == train ]] && launch_requested "$@"; then
+            cd "$ROOT" && exec "$PY" src/launch.py "$stage" "$@"
+        fi
         cd "$ROOT" && exec "$PY" "src/$script" "$@" ;;
 esac

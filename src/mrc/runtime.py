@@ -34,4 +34,7 @@ def run_main(main):
     except KeyboardInterrupt:
         print("error: interrupted", file=sys.stderr)
         sys.exit(130)
+    from .distributed import finish
+
+    finish(code or 0)  # launched workers: barrier + os._exit (Paddle's gloo teardown can abort); else no-op
     sys.exit(code or 0)
