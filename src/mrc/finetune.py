@@ -1,0 +1,219 @@
+"""Fine-tuning glue around paddlenlp's Trainer: datasets, length-bucketed batches, logits, one fold.
+
+- `FeatureDataset` + `collate`: features from mrc.features, padded per batch (paddlenlp.data.Pad).
+- `LengthBucketBatchSampler`: shuffle, cut into chunks of `chunk_batches` batches, sort each chunk
+  by length, batch it, shuffle the batches: little padding, still random. Seeded by (seed, epoch).
+- `predict_logits(model, features)`: the npz logits dict of mrc.postprocess (length-sorted batches,
+  put back in feature order).
+- `MRCTrainer`: evaluates with the official metric (threshold tuned on the eval questions) and
+  selects checkpoints on it; `TimeBudget` stops training at a wall-clock deadline.
+"""
+from __future__ import annotations
+
+import logging
+import math
+import os
+import random
+import time
+
+import numpy as np
+import paddle
+from paddlenlp.data import Pad
+from paddlenlp.trainer import Trainer, TrainerCallback
+
+from . import metric, postprocess
+from .features import Features
+
+log = logging.getLogger("mrc")
+
+
+class FeatureDataset(paddle.io.Dataset):
+    def __init__(self, features: Features):
+        self.features = features
+
+    def __len__(self):
+        return len(self.features)
+
+    def __getitem__(self, i):
+        f = self.features
+        return {"input_ids": f.input_ids[i], "token_type_ids": f.token_type_ids[i],
+                "start_positions": f.start_positions[i], "end_positions": f.end_positions[i],
+                "answerable_label": f.answerable[i]}
+
+
+_pad = Pad(axis=0, pad_val=0, dtype="int64")
+
+
+def collate(batch: list[dict]) -> dict:
+    input_ids = _pad([b["input_ids"] for b in batch])
+    return {
+        "input_ids": input_ids,
+        "token_type_ids": _pad([b["token_type_ids"] for b in batch]),
+        "attention_mask": (input_ids != 0).astype("float32"),
+        "start_positions": np.array([b["start_positions"] for b in batch], dtype="int64"),
+        "end_positions": np.array([b["end_positions"] for b in batch], dtype="int64"),
+        "answerable_label": np.array([b["answerable_label"] for b in batch], dtype="int64"),
+    }
+
+
+class LengthBucketBatchSampler(paddle.io.BatchSampler):
+    def __init__(self, lengths, batch_size: int, seed: int, chunk_batches: int = 50, drop_last=False):
+        self.lengths = np.asarray(lengths)
+        self.batch_size, self.seed, self.chunk_batches, self.drop_last = batch_size, seed, chunk_batches, drop_last
+        self.epoch = 0
+
+    def set_epoch(self, epoch: int):
+        self.epoch = int(epoch)
+
+    def batches(self) -> list[list[int]]:
+        rng = random.Random(self.seed * 100003 + self.epoch)
+        order = list(range(len(self.lengths)))
+        rng.shuffle(order)
+        chunk = self.batch_size * self.chunk_batches
+        batches = []
+        for c in range(0, len(order), chunk):
+            part = sorted(order[c: c + chunk], key=lambda i: self.lengths[i])
+            batches += [part[b: b + self.batch_size] for b in range(0, len(part), self.batch_size)]
+        if self.drop_last:
+            batches = [b for b in batches if len(b) == self.batch_size]
+        rng.shuffle(batches)
+        return batches
+
+    def __iter__(self):
+        yield from self.batches()
+
+    def __len__(self):
+        n = len(self.lengths) / self.batch_size
+        return int(n) if self.drop_last else math.ceil(n)
+
+
+class SamplerEpoch(TrainerCallback):
+    """Give the sampler the epoch number (also right after a resume, which skips whole epochs)."""
+
+    def __init__(self, sampler: LengthBucketBatchSampler):
+        self.sampler = sampler
+
+    def on_epoch_begin(self, args, state, control, **kwargs):
+        self.sampler.set_epoch(math.floor((state.epoch or 0) + 1e-6))
+
+
+class TimeBudget(TrainerCallback):
+    """Evaluate and save at the last step (so the end of training competes for best checkpoint), and
+    stop early, evaluating and saving first, when the rest of the fold's time is needed for the
+    `n_infer` windows still to forward after training (out-of-fold + dev passes).
+
+    Seconds per window: measured by the trainer's evaluations (`trainer.eval_seconds_per_feature`),
+    `default_seconds_per_window` until the first one; 20% margin."""
+
+    def __init__(self, fold_end: float | None, n_infer: int = 0, default_seconds_per_window: float = 0.05):
+        self.fold_end, self.n_infer, self.default = fold_end, n_infer, default_seconds_per_window
+        self.trainer = None
+        self.stopped_early = False
+
+    @property
+    def deadline(self) -> float | None:
+        if self.fold_end is None:
+            return None
+        per_window = getattr(self.trainer, "eval_seconds_per_feature", None) or self.default
+        return self.fold_end - 1.2 * self.n_infer * per_window
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if state.global_step >= state.max_steps:
+            control.should_evaluate = control.should_save = True
+        elif self.fold_end is not None and time.time() >= self.deadline and not control.should_training_stop:
+            log.info("time budget reached at step %d of %d: stopping this fold's training", state.global_step, state.max_steps)
+            self.stopped_early = True
+            control.should_training_stop = control.should_evaluate = control.should_save = True
+        return control
+
+
+def predict_logits(model, features: Features, batch_size: int = 32, with_loss: bool = False, desc: str | None = None):
+    """Forward every feature; returns (npz logits dict, mean loss or None)."""
+    from tqdm import tqdm
+
+    order = np.argsort(features.lengths(), kind="stable")
+    width = int(features.lengths().max()) if len(features) else 1
+    n = len(features)
+    start = np.full((n, width), postprocess.PAD_LOGIT, dtype=np.float32)
+    end = np.full((n, width), postprocess.PAD_LOGIT, dtype=np.float32)
+    answerable = np.zeros((n, 2), dtype=np.float32)
+    dataset = FeatureDataset(features)
+    loss_sum, was_training = 0.0, model.training
+    model.eval()
+    with paddle.no_grad():
+        for b in tqdm(range(0, n, batch_size), desc=desc or "logits", disable=desc is None, mininterval=10):
+            idx = order[b: b + batch_size]
+            batch = {k: paddle.to_tensor(v) for k, v in collate([dataset[i] for i in idx]).items()}
+            labels = {k: batch.pop(k) for k in ("start_positions", "end_positions", "answerable_label")}
+            if with_loss:
+                loss, s, e, a = model(**batch, **labels)
+                loss_sum += float(loss) * len(idx)
+            else:
+                s, e, a = model(**batch)
+            s, e = s.numpy(), e.numpy()
+            for row, i in enumerate(idx):
+                length = len(features.input_ids[i])
+                start[i, :length] = s[row, :length]
+                end[i, :length] = e[row, :length]
+            answerable[idx] = a.numpy()
+    if was_training:
+        model.train()
+    logits = postprocess.make_logits(features.example_id, start, end, features.padded_offsets(width), answerable, features.key)
+    return logits, (loss_sum / n if with_loss and n else None)
+
+
+def score_examples(logits: dict, df, post_cfg: dict) -> dict:
+    contexts = dict(zip(df["id"].astype(str), df["context"]))
+    return postprocess.example_scores(logits, contexts, n_best=post_cfg["n_best"],
+                                      max_answer_tokens=post_cfg["max_answer_tokens"],
+                                      max_answer_chars=post_cfg.get("max_answer_chars"))
+
+
+class MRCTrainer(Trainer):
+    """Trainer whose evaluation is the official metric on the held-out questions of the fold.
+
+    eval_f1: official F1 with the no-answer threshold tuned on these questions (what the fold can
+    reach); eval_select = eval_f1 - 1e-4 * eval_loss: checkpoints are chosen on F1, ties (e.g. a model
+    still answering 'no answer' everywhere) broken by the lower loss.
+    """
+
+    def __init__(self, *args, train_sampler=None, eval_features=None, eval_df=None, post_cfg=None, modes=None, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.train_sampler, self.eval_features, self.eval_df = train_sampler, eval_features, eval_df
+        self.post_cfg, self.modes = post_cfg, modes
+        self.eval_seconds_per_feature = None
+
+    def _get_train_sampler(self):
+        return self.train_sampler
+
+    def _save_checkpoint(self, model, metrics=None):
+        super()._save_checkpoint(model, metrics=metrics)
+        # paddlenlp 2.8.1 rotates (save_total_limit) only when local_rank == 0, which a single CPU
+        # process (-1) never is: rotate here; the best checkpoint is kept by _sorted_checkpoints
+        if self.args.local_rank != 0:
+            self._rotate_checkpoints(use_mtime=False, output_dir=self.args.output_dir)
+
+    def compute_loss(self, model, inputs, return_outputs=False):
+        outputs = model(**inputs)
+        return (outputs[0], outputs) if return_outputs else outputs[0]
+
+    def evaluate(self, eval_dataset=None, ignore_keys=None, metric_key_prefix="eval"):
+        t0 = time.time()
+        logits, loss = predict_logits(self.model, self.eval_features, self.args.per_device_eval_batch_size, with_loss=True)
+        scores = score_examples(logits, self.eval_df, self.post_cfg)
+        gold = metric.gold_from_examples(self.eval_df)
+        tuned = postprocess.tune_threshold(scores, gold, self.modes)
+        self.eval_seconds_per_feature = (time.time() - t0) / max(1, len(self.eval_features))
+        metrics = {f"{metric_key_prefix}_loss": loss, f"{metric_key_prefix}_f1": tuned["F1"],
+                   f"{metric_key_prefix}_em": tuned["EM"], f"{metric_key_prefix}_answered": tuned["answered"],
+                   f"{metric_key_prefix}_select": tuned["F1"] - 1e-4 * min(loss, 1e3)}
+        self.log(metrics)
+        self.control = self.callback_handler.on_evaluate(self.args, self.state, self.control, metrics)
+        return metrics
+
+
+def save_state_atomic(model, path):
+    """paddle.save through a temp file + os.replace: a kill never leaves half a weights file."""
+    tmp = f"{path}.tmp{os.getpid()}"
+    paddle.save(model.state_dict(), tmp)
+    os.replace(tmp, path)

@@ -1,0 +1,53 @@
+"""Span + answerability head on a paddlenlp encoder (as the official DuReader-checklist baseline).
+
+start/end logits: a linear layer on every token of the sequence output.
+answerable logits: a linear layer on the pooled [CLS] output ([unanswerable, answerable]).
+loss = (CE(start) + CE(end)) / 2 + CE(answerable), labels from mrc.features (span on [CLS] = index 0
+when the window does not hold the answer).
+"""
+from __future__ import annotations
+
+import math
+
+import paddle.nn as nn
+import paddle.nn.functional as F
+
+
+class SpanAnswerableModel(nn.Layer):
+    def __init__(self, encoder, dropout: float = 0.1):
+        super().__init__()
+        self.encoder = encoder
+        hidden = encoder.config.hidden_size
+        self.dropout = nn.Dropout(dropout)
+        self.span = nn.Linear(hidden, 2)
+        self.answerable = nn.Linear(hidden, 2)
+
+    def forward(self, input_ids, token_type_ids=None, attention_mask=None,
+                start_positions=None, end_positions=None, answerable_label=None):
+        if attention_mask is None:
+            attention_mask = (input_ids != 0).astype("float32")
+        outputs = self.encoder(input_ids, token_type_ids=token_type_ids, attention_mask=attention_mask)
+        sequence, pooled = outputs[0], outputs[1]
+        if pooled is None:  # encoders without a pooler: the [CLS] vector
+            pooled = sequence[:, 0]
+        span_logits = self.span(self.dropout(sequence))
+        start_logits, end_logits = span_logits[:, :, 0], span_logits[:, :, 1]
+        # padding can never be a start or end
+        pad = (1.0 - attention_mask.astype(start_logits.dtype)) * -1e4
+        start_logits, end_logits = start_logits + pad, end_logits + pad
+        answerable_logits = self.answerable(self.dropout(pooled))
+        if start_positions is None:
+            return start_logits, end_logits, answerable_logits
+        loss = span_answerable_loss(start_logits, end_logits, answerable_logits,
+                                    start_positions, end_positions, answerable_label)
+        return loss, start_logits, end_logits, answerable_logits
+
+
+def span_answerable_loss(start_logits, end_logits, answerable_logits, start_positions, end_positions, answerable_label):
+    span = (F.cross_entropy(start_logits, start_positions.reshape([-1, 1]))
+            + F.cross_entropy(end_logits, end_positions.reshape([-1, 1]))) / 2
+    return span + F.cross_entropy(answerable_logits, answerable_label.reshape([-1, 1]))
+
+
+def count_parameters(model: nn.Layer) -> int:
+    return int(sum(math.prod(p.shape) for p in model.parameters()))

@@ -1,0 +1,224 @@
+"""Logits -> answers, in plain numpy (HF utils_qa style), and THE no-answer decision.
+
+Per-feature logits file (npz, written atomically with mrc.io_utils.atomic_save_npz) -- the contract
+between fine-tuning (outputs/<exp>/fold<k>/oof.npz, dev.npz), prediction and the ensemble stage:
+
+    example_id         (F,)        str      id of the example each feature (window) belongs to, as in
+                                            the table the features were built from: '<source>:<id>'
+                                            in oof.npz / dev.npz (mrc.data.load_sources), the file's
+                                            own ids from `predict --logits_out` (mrc.data.load_file)
+    start_logits       (F, L)      float32  per-token start logits, padded with PAD_LOGIT (-1e4)
+    end_logits         (F, L)      float32  per-token end logits, padded with PAD_LOGIT
+    offsets            (F, L, 2)   int32    character span of each token in the passage; -1 for
+                                            [CLS], question, title, [SEP] and padding
+    answerable_logits  (F, 2)      float32  classifier logits on [CLS]: [unanswerable, answerable]
+    p_answerable       (F,)        float32  softmax(answerable_logits)[:, 1]
+    feature_key        ()          str      mrc.features.feature_key(tokenizer, max_len, stride,
+                                            use_title): files line up only when keys are equal
+
+Features of one example are consecutive, in the order mrc.features.build_features makes them, so two
+files with the same feature_key and the same example_id array can be averaged element-wise
+(`average_logits`).
+
+Per example (`example_scores`): best span text and its score (start + end logit, max over windows
+and the n-best start/end pairs), its character start, the null score (start[CLS] + end[CLS], min over
+windows, SQuAD 2.0 style) and P(answerable) (max over windows).
+
+The no-answer decision is `decide(scores, threshold, mode)`, the one function used by CV, prediction
+and ensembling. Modes:
+    "prob": answer when P(answerable) >= threshold
+    "null": answer when best span score - null score >= threshold (SQuAD 2.0 null-score difference)
+`tune_threshold` picks mode and threshold that maximise the official F1 on out-of-fold predictions.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .errors import MRCError
+
+PAD_LOGIT = -1e4
+NO_ANSWER = "no answer"
+MODES = ("prob", "null")
+NPZ_KEYS = ("example_id", "start_logits", "end_logits", "offsets", "answerable_logits", "p_answerable", "feature_key")
+
+
+def softmax(x: np.ndarray, axis=-1) -> np.ndarray:
+    x = x - x.max(axis=axis, keepdims=True)
+    e = np.exp(x)
+    return e / e.sum(axis=axis, keepdims=True)
+
+
+def pad_logits(rows, width: int | None = None, fill=PAD_LOGIT) -> np.ndarray:
+    """Ragged list of 1-D arrays -> (n, width) float32."""
+    width = width or max((len(r) for r in rows), default=0)
+    out = np.full((len(rows), width), fill, dtype=np.float32)
+    for i, r in enumerate(rows):
+        out[i, : len(r)] = r
+    return out
+
+
+def make_logits(example_id, start_logits, end_logits, offsets, answerable_logits, feature_key: str) -> dict:
+    """Assemble the npz dict (arrays already padded to a common width L)."""
+    answerable_logits = np.asarray(answerable_logits, dtype=np.float32)
+    out = {
+        "example_id": np.asarray(example_id, dtype=str),
+        "start_logits": np.asarray(start_logits, dtype=np.float32),
+        "end_logits": np.asarray(end_logits, dtype=np.float32),
+        "offsets": np.asarray(offsets, dtype=np.int32),
+        "answerable_logits": answerable_logits,
+        "p_answerable": softmax(answerable_logits)[:, 1].astype(np.float32),
+        "feature_key": np.asarray(feature_key),
+    }
+    n = len(out["example_id"])
+    if not (out["start_logits"].shape == out["end_logits"].shape == out["offsets"].shape[:2]
+            and out["start_logits"].shape[0] == n and out["answerable_logits"].shape == (n, 2)):
+        raise MRCError("logits arrays do not line up: " + ", ".join(f"{k} {v.shape}" for k, v in out.items()))
+    return out
+
+
+def save_logits(path, logits: dict):
+    from .io_utils import atomic_save_npz
+
+    atomic_save_npz(path, **{k: logits[k] for k in NPZ_KEYS})
+
+
+def load_logits(path) -> dict:
+    try:
+        with np.load(path, allow_pickle=False) as data:
+            missing = [k for k in NPZ_KEYS if k not in data.files]
+            if missing:
+                raise MRCError(f"{path}: not a logits file (missing {', '.join(missing)})")
+            out = {k: data[k] for k in NPZ_KEYS}
+    except FileNotFoundError:
+        raise MRCError(f"{path}: file not found") from None
+    except (OSError, ValueError) as err:
+        raise MRCError(f"{path}: unreadable npz ({err})") from None
+    out["feature_key"] = str(out["feature_key"])
+    return out
+
+
+def average_logits(members: list[dict], names=None) -> dict:
+    """Element-wise mean of logits files that line up (same feature_key and example_id order)."""
+    if not members:
+        raise MRCError("no logits to average")
+    names = names or [f"member {i}" for i in range(len(members))]
+    first = members[0]
+    for name, m in zip(names[1:], members[1:]):
+        if m["feature_key"] != first["feature_key"]:
+            raise MRCError(f"{name}: feature_key {m['feature_key']} differs from {first['feature_key']} ({names[0]})")
+        if m["example_id"].shape != first["example_id"].shape or not np.array_equal(m["example_id"], first["example_id"]):
+            raise MRCError(f"{name}: features do not line up with {names[0]} (different example ids)")
+        if m["start_logits"].shape != first["start_logits"].shape:
+            raise MRCError(f"{name}: logits shape {m['start_logits'].shape} differs from {first['start_logits'].shape}")
+    mean = lambda k: np.mean([m[k] for m in members], axis=0)  # noqa: E731
+    return make_logits(first["example_id"], mean("start_logits"), mean("end_logits"), first["offsets"],
+                       mean("answerable_logits"), first["feature_key"])
+
+
+def best_span(start, end, offsets, n_best=20, max_answer_tokens=64, max_answer_chars=None):
+    """Best (score, char_start, char_end) over passage tokens of one feature, or None."""
+    passage = offsets[:, 0] >= 0
+    if not passage.any():
+        return None
+    s_scores = np.where(passage, start, -np.inf)
+    e_scores = np.where(passage, end, -np.inf)
+    k = min(n_best, int(passage.sum()))
+    s_idx = np.argsort(-s_scores, kind="stable")[:k]
+    e_idx = np.argsort(-e_scores, kind="stable")[:k]
+    total = s_scores[s_idx][:, None] + e_scores[e_idx][None, :]
+    length = e_idx[None, :] - s_idx[:, None]
+    valid = (length >= 0) & (length < max_answer_tokens)
+    if max_answer_chars is not None:
+        chars = offsets[e_idx, 1][None, :] - offsets[s_idx, 0][:, None]
+        valid &= chars <= max_answer_chars
+    if not valid.any():
+        return None
+    total = np.where(valid, total, -np.inf)
+    i, j = np.unravel_index(int(np.argmax(total)), total.shape)
+    return float(total[i, j]), int(offsets[s_idx[i], 0]), int(offsets[e_idx[j], 1])
+
+
+def example_scores(logits: dict, contexts: dict, n_best=20, max_answer_tokens=64, max_answer_chars=None) -> dict:
+    """id -> {"text", "score", "start", "null_score", "p_answerable"} (see module docstring).
+    `contexts`: id -> passage text (the one the offsets point into)."""
+    out = {}
+    ids = logits["example_id"]
+    for f in range(len(ids)):
+        eid = str(ids[f])
+        if eid not in contexts:
+            raise MRCError(f"id {eid}: logits for an example that is not in the input")
+        rec = out.setdefault(eid, {"text": "", "score": -np.inf, "start": -1, "null_score": np.inf, "p_answerable": 0.0})
+        start, end = logits["start_logits"][f], logits["end_logits"][f]
+        rec["null_score"] = min(rec["null_score"], float(start[0] + end[0]))
+        rec["p_answerable"] = max(rec["p_answerable"], float(logits["p_answerable"][f]))
+        span = best_span(start, end, logits["offsets"][f], n_best, max_answer_tokens, max_answer_chars)
+        if span is not None and span[0] > rec["score"]:
+            rec["score"], rec["start"] = span[0], span[1]
+            rec["text"] = contexts[eid][span[1]: span[2]]
+    return out
+
+
+def decision_value(rec: dict, mode: str) -> float:
+    """The number the threshold is compared with: higher means 'answer it'."""
+    if mode == "prob":
+        return rec["p_answerable"]
+    if mode == "null":
+        return rec["score"] - rec["null_score"] if rec["text"] else -np.inf
+    raise MRCError(f"unknown no-answer mode {mode!r} (choose from {', '.join(MODES)})")
+
+
+def decide(scores: dict, threshold: float, mode: str) -> dict:
+    """THE no-answer decision: id -> best span text, or 'no answer'."""
+    out = {}
+    for eid, rec in scores.items():
+        answer = rec["text"] and decision_value(rec, mode) >= threshold
+        out[eid] = rec["text"] if answer else NO_ANSWER
+    return out
+
+
+def tune_threshold(scores: dict, gold: dict, modes=MODES, metric=None) -> dict:
+    """Mode and threshold maximising the official F1 over the ids of `gold` (out-of-fold predictions).
+
+    Each example's F1 is computed by the official metric (metric.score_one) twice, once answered with its best span and
+    once with 'no answer'; a threshold answers exactly the examples whose decision value reaches it,
+    so the total F1 of every threshold is a cumulative sum. The winner is re-checked with the full
+    official evaluation. Returns {"mode", "threshold", "F1", "EM", "answered", "total"}.
+    """
+    if metric is None:
+        from . import metric
+    ids = [i for i in gold if i in scores]
+    if len(ids) != len(gold):
+        missing = [i for i in gold if i not in scores][:3]
+        raise MRCError(f"threshold tuning: no scores for {len(gold) - len(ids)} gold ids (e.g. {missing})")
+    f1_answer = np.array([_single_f1(metric, gold[i], scores[i]["text"] or NO_ANSWER) for i in ids])
+    f1_null = np.array([_single_f1(metric, gold[i], NO_ANSWER) for i in ids])
+    best = None
+    for mode in modes:
+        values = np.array([decision_value(scores[i], mode) for i in ids], dtype=np.float64)
+        order = np.argsort(-values, kind="stable")
+        v, gain = values[order], (f1_answer - f1_null)[order]
+        # answering the top-k examples: total = sum(null) + cumsum(gain)[k-1]
+        totals = np.concatenate([[0.0], np.cumsum(gain)])
+        # cut only between distinct values: ties are decided together
+        n = len(v)
+        cut_ok = np.ones(n + 1, dtype=bool)
+        cut_ok[1:n] = v[:-1] != v[1:]
+        k = int(np.argmax(np.where(cut_ok, totals, -np.inf)))
+        if k == 0:  # answer nothing
+            threshold = float(v[0]) + 1.0 if n and np.isfinite(v[0]) else 1e30
+        elif k == n or not np.isfinite(v[k]):  # answer everything that has a span
+            threshold = float(v[k - 1]) if np.isfinite(v[k - 1]) else -1e30
+        else:
+            threshold = float((v[k - 1] + v[k]) / 2)
+        total = float(totals[k])
+        if best is None or total > best[0] + 1e-9:
+            best = (total, mode, threshold)
+    _, mode, threshold = best
+    predictions = decide({i: scores[i] for i in ids}, threshold, mode)
+    result = metric.evaluate(gold, predictions)
+    return {"mode": mode, "threshold": threshold, "F1": result["F1"], "EM": result["EM"],
+            "answered": int(sum(p != NO_ANSWER for p in predictions.values())), "total": len(ids)}
+
+
+def _single_f1(metric, gold_rec: dict, prediction: str) -> float:
+    return float(metric.score_one(prediction, gold_rec)[0])

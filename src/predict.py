@@ -1,0 +1,124 @@
+"""Answer every question of a SQuAD/DuReader-format file with an experiment's fold models.
+
+    bash run.sh predict --exp ernie_cpu --input dev_public.json --output pred.json
+
+The fold models' logits are averaged (mrc.postprocess.average_logits), spans picked per question and
+the no-answer decision made with the experiment's threshold.json (mrc.postprocess.decide). Every
+input id gets an answer (a span or 'no answer'); the file is written atomically, and only when no id
+is missing. With gold answers in the input, the official metric is printed.
+"""
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from mrc import runtime  # noqa: F401,E402  (threads/MKL env before paddle)
+
+import argparse  # noqa: E402
+import json  # noqa: E402
+import logging  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+from mrc.errors import MRCError  # noqa: E402
+from mrc.io_utils import REPO_ROOT, load_yaml_config, read_json  # noqa: E402
+
+log = logging.getLogger("mrc.predict")
+
+
+def build_parser():
+    p = argparse.ArgumentParser(prog="bash run.sh predict", description=__doc__.split("\n\n")[0])
+    p.add_argument("--exp", required=True, help="experiment name (outputs/<exp>/, made by bash run.sh train)")
+    p.add_argument("--input", required=True, help="SQuAD/DuReader-format JSON file (answers optional)")
+    p.add_argument("--output", required=True, help="where to write {id: answer} JSON")
+    p.add_argument("--logits_out", default=None, help="also write the fold-averaged per-window logits (npz) here")
+    p.add_argument("--output_dir", default=None, help="outputs root (default: configs/default.yaml output_dir)")
+    p.add_argument("--batch_size", type=int, default=32, help="windows per forward pass (default 32)")
+    return p
+
+
+def load_fold_model(fold_dir: Path, arch: str):
+    """SpanAnswerableModel of one fold from fold<k>/model/{config.json, model_state.pdparams}."""
+    import paddle
+
+    from mrc.backbone import arch_classes
+    from mrc.model import SpanAnswerableModel
+
+    model_dir = fold_dir / "model"
+    weights = model_dir / "model_state.pdparams"
+    if not weights.is_file() or not (model_dir / "config.json").is_file():
+        raise MRCError(f"{model_dir}: fold model missing (config.json + model_state.pdparams); has training finished?")
+    classes = arch_classes(arch)
+    encoder = classes.model(classes.config.from_pretrained(str(model_dir)))
+    model = SpanAnswerableModel(encoder)
+    state = paddle.load(str(weights))
+    missing = sorted(set(model.state_dict()) - set(state))
+    if missing:
+        raise MRCError(f"{weights}: weights do not fit the model (missing {', '.join(missing[:3])})")
+    model.set_state_dict(state)
+    model.eval()
+    return model
+
+
+def check_complete(predictions: dict, ids, where: str):
+    """Validator: every input id has a string answer, and nothing else is there."""
+    missing = [i for i in ids if not isinstance(predictions.get(i), str)]
+    if missing:
+        raise MRCError(f"{where}: id {missing[0]}: no prediction ({len(missing)} ids missing); nothing written")
+    extra = set(predictions) - set(ids)
+    if extra:
+        raise MRCError(f"{where}: id {sorted(extra)[0]}: prediction for an id not in the input")
+
+
+def main(argv=None):
+    args = build_parser().parse_args(argv)
+    defaults = load_yaml_config("configs/default.yaml")
+    out_root = Path(args.output_dir or defaults["output_dir"])
+    out_root = out_root if out_root.is_absolute() else REPO_ROOT / out_root
+    exp_dir = out_root / args.exp
+    for needed in ("train_info.json", "threshold.json"):
+        if not (exp_dir / needed).is_file():
+            raise MRCError(f"{exp_dir}: no {needed}; train it first (bash run.sh train --exp {args.exp})")
+    if args.batch_size < 1:
+        raise MRCError(f"--batch_size must be positive, got {args.batch_size}")
+
+    from mrc import data, metric, postprocess
+    from mrc.features import build_features
+    from mrc.finetune import predict_logits, score_examples
+    from mrc.io_utils import atomic_write_json
+    from mrc.vocab import fast_tokenizer, load_tokenizer
+
+    info, threshold = read_json(exp_dir / "train_info.json"), read_json(exp_dir / "threshold.json")
+    gold = metric.load_gold(args.input)  # every question id of the file, as the official script reads it
+    df, report = data.load_file(args.input)
+    if report.total_skipped:
+        skipped = [i for i in gold if i not in set(df["id"].astype(str))]
+        raise MRCError(f"{args.input}: id {skipped[0] if skipped else '?'}: cannot be answered "
+                       f"({report.total_skipped} questions rejected: {dict(report.skipped)})")
+    fast = fast_tokenizer(load_tokenizer(str(exp_dir / "tokenizer")))
+    feat = info["features"]
+    features = build_features(df, fast, feat["max_len"], feat["stride"], feat["use_title"])
+    if features.key != feat["feature_key"] or features.key != threshold.get("feature_key", features.key):
+        raise MRCError(f"{exp_dir}/tokenizer: feature key {features.key} differs from the trained one {feat['feature_key']}")
+
+    members = []
+    for k in range(int(info["folds"])):
+        model = load_fold_model(exp_dir / f"fold{k}", info["backbone"]["arch"])
+        logits, _ = predict_logits(model, features, args.batch_size, desc=f"fold {k}")
+        members.append(logits)
+    logits = postprocess.average_logits(members, names=[f"fold{k}" for k in range(len(members))])
+    if args.logits_out:
+        postprocess.save_logits(args.logits_out, logits)
+    scores = score_examples(logits, df, info["post"])
+    predictions = postprocess.decide(scores, threshold["threshold"], threshold["mode"])
+    check_complete(predictions, list(gold), args.input)
+    atomic_write_json(args.output, predictions)
+    answered = sum(p != metric.NO_ANSWER for p in predictions.values())
+    log.info("%d questions, %d answered, %d 'no answer' (%s >= %.4g) -> %s", len(predictions), answered,
+             len(predictions) - answered, threshold["mode"], threshold["threshold"], args.output)
+    if any(g["answers"] or g["is_impossible"] for g in gold.values()):
+        result = metric.evaluate(gold, predictions)
+        print(json.dumps({k: (round(v, 3) if isinstance(v, float) else v) for k, v in result.items()}, ensure_ascii=False))
+    return 0
+
+
+if __name__ == "__main__":
+    runtime.run_main(main)

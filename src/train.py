@@ -1,0 +1,270 @@
+"""Fine-tune a span + no-answer model with K folds; out-of-fold and dev_public logits; CV score.
+
+    bash run.sh train --model ernie --profile cpu --folds 2 --max_minutes 20
+
+Writes outputs/<exp>/: fold<k>/{model/, oof.npz, dev.npz, metrics.json}, threshold.json (no-answer
+decision tuned on all out-of-fold predictions), cv.json (official CV and dev_public scores next to
+answering 'no answer' everywhere), dev_predictions.json, train_info.json, config.yaml + metrics.json.
+A killed run resumes: finished folds (fold<k>/metrics.json) are skipped, an unfinished fold goes on
+from its last Trainer checkpoint.
+"""
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from mrc import runtime  # noqa: F401,E402  (threads/MKL env before paddle)
+
+import argparse  # noqa: E402
+import json  # noqa: E402
+import logging  # noqa: E402
+import random  # noqa: E402
+import re  # noqa: E402
+import shutil  # noqa: E402
+import time  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+from mrc.errors import MRCError  # noqa: E402
+from mrc.io_utils import REPO_ROOT, atomic_write_json, load_yaml_config  # noqa: E402
+
+log = logging.getLogger("mrc.train")
+
+
+def parse_bool(text: str) -> bool:
+    if text.lower() in ("true", "1", "yes"):
+        return True
+    if text.lower() in ("false", "0", "no"):
+        return False
+    raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
+
+
+def build_parser():
+    p = argparse.ArgumentParser(prog="bash run.sh train", description=__doc__.split("\n\n")[0])
+    p.add_argument("--model", default=None, help="bert | ernie | roberta | albert | a hub name | a checkpoint dir (default: configs/train.yaml model)")
+    p.add_argument("--profile", default="cpu", choices=["tiny", "cpu", "full"], help="size profile (configs/train.yaml); default cpu")
+    p.add_argument("--folds", type=int, default=None, help="number of folds (default: the profile's)")
+    p.add_argument("--exp", default=None, help="experiment name: outputs/<exp>/ (default <model>_<profile>)")
+    p.add_argument("--use_title", type=parse_bool, default=None, help="put the title after the question: true|false")
+    p.add_argument("--max_minutes", type=float, default=None, help="wall-clock budget for the whole run (folds share it)")
+    p.add_argument("--max_questions", type=int, default=None, help="cap on training questions (default: the profile's)")
+    p.add_argument("--epochs", type=float, default=None, help="epochs per fold (default: the profile's)")
+    p.add_argument("--output_dir", default=None, help="outputs root (default: configs/default.yaml output_dir)")
+    p.add_argument("--data_dir", default=None, help="data root (default: $MRC_DATA_DIR or ../shared/data)")
+    p.add_argument("--config", default="configs/train.yaml", help="training config file")
+    p.add_argument("--seed", type=int, default=None, help="random seed (default: configs/default.yaml seed)")
+    return p
+
+
+def resolve_config(args) -> dict:
+    cfg = load_yaml_config("configs/default.yaml", args.config)
+    profiles = cfg.pop("profiles", {})
+    if args.profile not in profiles:
+        raise MRCError(f"{args.config}: no profile '{args.profile}' (has {', '.join(profiles)})")
+    cfg.update(profiles[args.profile])
+    overrides = {"model": args.model, "folds": args.folds, "use_title": args.use_title, "max_questions": args.max_questions,
+                 "epochs": args.epochs, "output_dir": args.output_dir, "data_dir": args.data_dir, "seed": args.seed,
+                 "max_minutes": args.max_minutes}
+    cfg.update({k: v for k, v in overrides.items() if v is not None})
+    cfg["profile"] = args.profile
+    cfg["exp"] = args.exp or f"{re.sub(r'[^A-Za-z0-9_.-]+', '_', Path(str(cfg['model'])).name)}_{args.profile}"
+    if not re.fullmatch(r"[A-Za-z0-9_.-]+", cfg["exp"]):
+        raise MRCError(f"--exp {cfg['exp']!r}: use letters, digits, '_', '-', '.' only")
+    out = Path(cfg["output_dir"])
+    cfg["output_dir"] = str(out if out.is_absolute() else REPO_ROOT / out)
+    return cfg
+
+
+def select_questions(df, max_questions, seed):
+    """Every DuReader-checklist demo question (the target task), then a seeded random sample of the rest."""
+    from mrc.data import labelled
+
+    df = labelled(df).reset_index(drop=True)
+    if not max_questions or len(df) <= max_questions:
+        return df
+    target = df.index[df["source"] == "checklist_demo"].tolist()[:max_questions]
+    rest = [i for i in df.index if df.at[i, "source"] != "checklist_demo"]
+    picked = target + random.Random(seed).sample(rest, max_questions - len(target))
+    return df.loc[sorted(picked)].reset_index(drop=True)
+
+
+def cap(df, n, seed):
+    if not n or len(df) <= n:
+        return df
+    return df.loc[sorted(random.Random(seed).sample(list(df.index), n))].reset_index(drop=True)
+
+
+def main(argv=None):
+    args = build_parser().parse_args(argv)
+    cfg = resolve_config(args)
+    t_start = time.time()
+    deadline = t_start + 60 * cfg["max_minutes"] if cfg.get("max_minutes") else None
+
+    from mrc import backbone, data, metric, postprocess
+    from mrc.features import build_features
+    from mrc.folds import load_or_make_folds
+    from mrc.io_utils import set_all_seeds, write_run_info
+    from mrc.vocab import fast_tokenizer
+
+    seed = int(cfg["seed"])
+    set_all_seeds(seed)
+    out_root = Path(cfg["output_dir"])
+    exp_dir = out_root / cfg["exp"]
+    spec = backbone.resolve_backbone(cfg["model"], cfg["profile"], outputs_dir=out_root)
+    log.info(spec.describe())
+    exp_dir.mkdir(parents=True, exist_ok=True)
+    data_dir = data.resolve_data_dir(cfg.get("data_dir"))
+    train_df = select_questions(data.load_sources(cfg["train_sources"], data_dir), cfg.get("max_questions"), seed)
+    dev_df = cap(data.labelled(data.load_sources([cfg["dev_source"]], data_dir)), cfg.get("dev_max_questions"), seed)
+    log.info("training questions: %d (%d unanswerable) from %s; dev (%s): %d", len(train_df), int(train_df["is_impossible"].sum()),
+             dict(train_df["source"].value_counts()), cfg["dev_source"], len(dev_df))
+    folds = load_or_make_folds(train_df, out_root / cfg["folds_file"], int(cfg["folds"]), seed)
+
+    _, tokenizer = backbone.load_encoder(spec, data_dir=data_dir)  # also builds the project vocab when needed
+    fast = fast_tokenizer(tokenizer)
+    feat_args = dict(max_len=int(cfg["max_len"]), stride=int(cfg["stride"]), use_title=bool(cfg["use_title"]))
+    dev_features = build_features(dev_df, fast, **feat_args)
+    info = {"model": cfg["model"], "backbone": {"kind": spec.kind, "arch": spec.arch, "source": spec.source, "reason": spec.reason},
+            "features": {**feat_args, "feature_key": dev_features.key}, "post": cfg["post"], "folds": int(cfg["folds"]),
+            "profile": cfg["profile"], "train_questions": len(train_df), "dev_questions": len(dev_df)}
+    old_info = exp_dir / "train_info.json"
+    if old_info.exists():
+        old = json.loads(old_info.read_text(encoding="utf-8"))
+        if old.get("features") != info["features"] or old.get("folds") != info["folds"] or old.get("backbone", {}).get("arch") != spec.arch:
+            raise MRCError(f"{old_info}: outputs/{cfg['exp']} was made with other settings ({old.get('features')}, "
+                           f"{old.get('folds')} folds); use another --exp or delete the directory")
+    atomic_write_json(old_info, info)
+    tokenizer.save_pretrained(str(exp_dir / "tokenizer"))
+    write_run_info(exp_dir, cfg, seed)
+
+    gold_train, gold_dev = metric.gold_from_examples(train_df), metric.gold_from_examples(dev_df)
+    n_folds = int(cfg["folds"])
+    fold_metrics = []
+    for k in range(n_folds):
+        remaining = None if deadline is None else (deadline - time.time()) / (n_folds - k)
+        fold_metrics.append(run_fold(k, cfg, spec, data_dir, train_df[folds != k].reset_index(drop=True),
+                                     train_df[folds == k].reset_index(drop=True), dev_df, dev_features,
+                                     fast, feat_args, exp_dir / f"fold{k}", remaining, seed))
+
+    # overall: threshold on every out-of-fold prediction, dev from the mean of the fold models' logits
+    from mrc.finetune import score_examples
+
+    oof_scores = {}
+    for k in range(n_folds):
+        oof_scores.update(score_examples(postprocess.load_logits(exp_dir / f"fold{k}" / "oof.npz"), train_df, cfg["post"]))
+    tuned = postprocess.tune_threshold(oof_scores, gold_train, cfg["threshold_modes"])
+    threshold = {"mode": tuned["mode"], "threshold": tuned["threshold"], "tuned_on": "out-of-fold", "oof_F1": tuned["F1"],
+                 "oof_EM": tuned["EM"], "questions": tuned["total"], "feature_key": dev_features.key}
+    atomic_write_json(exp_dir / "threshold.json", threshold)
+    dev_logits = postprocess.average_logits([postprocess.load_logits(exp_dir / f"fold{k}" / "dev.npz") for k in range(n_folds)])
+    dev_pred = postprocess.decide(score_examples(dev_logits, dev_df, cfg["post"]), tuned["threshold"], tuned["mode"])
+    atomic_write_json(exp_dir / "dev_predictions.json", dev_pred)
+    no_answer = lambda gold: metric.evaluate(gold, {i: metric.NO_ANSWER for i in gold})  # noqa: E731
+    oof_pred = postprocess.decide(oof_scores, tuned["threshold"], tuned["mode"])
+    cv = {"cv": _short(metric.evaluate(gold_train, oof_pred)), "cv_all_no_answer": _short(no_answer(gold_train)),
+          "dev": _short(metric.evaluate(gold_dev, dev_pred)), "dev_all_no_answer": _short(no_answer(gold_dev)),
+          "threshold": threshold, "folds": fold_metrics, "backbone": spec.describe(),
+          "wall_seconds": round(time.time() - t_start, 1)}
+    atomic_write_json(exp_dir / "cv.json", cv)
+    write_run_info(exp_dir, cfg, seed, metrics=cv)
+    log.info("CV F1 %.3f EM %.3f (all 'no answer': %.3f) | dev F1 %.3f EM %.3f (all 'no answer': %.3f) | %s",
+             cv["cv"]["F1"], cv["cv"]["EM"], cv["cv_all_no_answer"]["F1"], cv["dev"]["F1"], cv["dev"]["EM"],
+             cv["dev_all_no_answer"]["F1"], exp_dir)
+    print(json.dumps({k: cv[k] for k in ("cv", "cv_all_no_answer", "dev", "dev_all_no_answer")}, ensure_ascii=False))
+    return 0
+
+
+def _short(result: dict) -> dict:
+    return {k: (round(v, 3) if isinstance(v, float) else v) for k, v in result.items()}
+
+
+def run_fold(k, cfg, spec, data_dir, fit_df, valid_df, dev_df, dev_features, fast, feat_args, fold_dir, budget_seconds, seed):
+    """Train fold k (or skip it when finished) and write its model, oof.npz, dev.npz, metrics.json."""
+    done = fold_dir / "metrics.json"
+    if done.exists():
+        log.info("fold %d: finished before (%s), skipping", k, done)
+        return json.loads(done.read_text(encoding="utf-8"))
+    from paddlenlp.trainer import TrainingArguments
+    from paddlenlp.trainer.trainer_utils import get_last_checkpoint
+
+    from mrc import backbone, metric, postprocess
+    from mrc.features import build_features
+    from mrc.finetune import (FeatureDataset, LengthBucketBatchSampler, MRCTrainer, SamplerEpoch, TimeBudget, collate,
+                              predict_logits, save_state_atomic, score_examples)
+    from mrc.io_utils import set_all_seeds
+    from mrc.model import SpanAnswerableModel, count_parameters
+
+    t0 = time.time()
+    set_all_seeds(seed + k)
+    fold_dir.mkdir(parents=True, exist_ok=True)
+    train_features = build_features(fit_df, fast, **feat_args)
+    valid_features = build_features(valid_df, fast, **feat_args)
+    eval_df = valid_df
+    if cfg.get("eval_max_questions") and len(valid_df) > cfg["eval_max_questions"]:
+        eval_df = valid_df.sample(n=int(cfg["eval_max_questions"]), random_state=seed).reset_index(drop=True)
+    eval_features = build_features(eval_df, fast, **feat_args)
+    log.info("fold %d: %d training questions -> %d windows; %d held-out -> %d windows (%d for checkpoint selection)",
+             k, len(fit_df), len(train_features), len(valid_df), len(valid_features), len(eval_features))
+
+    encoder, _ = backbone.load_encoder(spec, data_dir=data_dir)
+    model = SpanAnswerableModel(encoder, dropout=cfg["train"]["dropout"])
+    log.info("fold %d: model %s, %d parameters", k, type(encoder).__name__, count_parameters(model))
+    sampler = LengthBucketBatchSampler(train_features.lengths(), int(cfg["batch_size"]), seed=seed + k)
+    steps_per_epoch = len(sampler)
+    targs = TrainingArguments(
+        output_dir=str(fold_dir), per_device_train_batch_size=int(cfg["batch_size"]),
+        per_device_eval_batch_size=int(cfg["eval_batch_size"]), learning_rate=float(cfg["learning_rate"]),
+        num_train_epochs=float(cfg["epochs"]), warmup_ratio=cfg["train"]["warmup_ratio"], weight_decay=cfg["train"]["weight_decay"],
+        logging_steps=cfg["train"]["logging_steps"], evaluation_strategy="steps", eval_steps=int(cfg["eval_steps"]),
+        save_strategy="steps", save_steps=int(cfg["eval_steps"]), save_total_limit=2, load_best_model_at_end=True,
+        metric_for_best_model="select", greater_is_better=True, seed=seed + k, report_to=[], disable_tqdm=True,
+        dataloader_num_workers=0, device="cpu", skip_memory_metrics=True,
+    )
+    # the fold's share of --max_minutes also pays for the out-of-fold and dev passes after training
+    budget = TimeBudget(None if budget_seconds is None else t0 + budget_seconds, len(valid_features) + len(dev_features),
+                        default_seconds_per_window=0.05 * int(cfg["max_len"]) / 256)
+    if budget_seconds is not None:
+        log.info("fold %d: %.1f min budget, training stops by about %s", k, budget_seconds / 60,
+                 time.strftime("%H:%M:%S", time.localtime(budget.deadline)))
+    trainer = MRCTrainer(model=model, args=targs, train_dataset=FeatureDataset(train_features),
+                         eval_dataset=FeatureDataset(eval_features), data_collator=collate,
+                         callbacks=[SamplerEpoch(sampler), budget], train_sampler=sampler,
+                         eval_features=eval_features, eval_df=eval_df, post_cfg=cfg["post"], modes=cfg["threshold_modes"])
+    budget.trainer = trainer
+    last = get_last_checkpoint(str(fold_dir))
+    if last:
+        log.info("fold %d: resuming from %s", k, last)
+    train_out = trainer.train(resume_from_checkpoint=last)
+    model_dir = fold_dir / "model"
+    model_dir.mkdir(exist_ok=True)
+    encoder.config.save_pretrained(str(model_dir))
+    save_state_atomic(model, str(model_dir / "model_state.pdparams"))
+
+    oof_logits, _ = predict_logits(model, valid_features, int(cfg["eval_batch_size"]), desc=f"fold {k} out-of-fold")
+    postprocess.save_logits(fold_dir / "oof.npz", oof_logits)
+    dev_logits, _ = predict_logits(model, dev_features, int(cfg["eval_batch_size"]), desc=f"fold {k} dev")
+    postprocess.save_logits(fold_dir / "dev.npz", dev_logits)
+
+    oof_scores = score_examples(oof_logits, valid_df, cfg["post"])
+    tuned = postprocess.tune_threshold(oof_scores, metric.gold_from_examples(valid_df), cfg["threshold_modes"])
+    dev_pred = postprocess.decide(score_examples(dev_logits, dev_df, cfg["post"]), tuned["threshold"], tuned["mode"])
+    dev_result = metric.evaluate(metric.gold_from_examples(dev_df), dev_pred)
+    log_history = [h for h in trainer.state.log_history if "loss" in h]
+    fold_metrics = {
+        "fold": k, "train_questions": len(fit_df), "train_windows": len(train_features), "valid_questions": len(valid_df),
+        "steps": trainer.state.global_step, "steps_per_epoch": steps_per_epoch, "stopped_by_time_budget": budget.stopped_early,
+        "best_checkpoint": str(trainer.state.best_model_checkpoint), "best_select": trainer.state.best_metric,
+        "train_loss_first": log_history[0]["loss"] if log_history else None,
+        "train_loss_last": log_history[-1]["loss"] if log_history else None, "train_loss_mean": train_out.training_loss,
+        "oof": {"F1": tuned["F1"], "EM": tuned["EM"], "mode": tuned["mode"], "threshold": tuned["threshold"], "answered": tuned["answered"]},
+        "dev": {"F1": dev_result["F1"], "EM": dev_result["EM"]}, "seconds": round(time.time() - t0, 1),
+        "eval_history": [h for h in trainer.state.log_history if "eval_f1" in h],
+    }
+    atomic_write_json(fold_dir / "metrics.json", fold_metrics)  # written last: marks the fold finished
+    for ckpt in fold_dir.glob("checkpoint-*"):
+        shutil.rmtree(ckpt, ignore_errors=True)
+    log.info("fold %d: OOF F1 %.3f EM %.3f (%s >= %.4g), dev F1 %.3f, %.0f s", k, tuned["F1"], tuned["EM"], tuned["mode"],
+             tuned["threshold"], dev_result["F1"], time.time() - t0)
+    return fold_metrics
+
+
+if __name__ == "__main__":
+    runtime.run_main(main)

@@ -1,0 +1,99 @@
+"""End to end on real questions with the tiny profile: train (2 folds) -> files, threshold, CV; resume
+skips finished folds; predict answers every id of a file; bad input is one clear error."""
+import json
+import re
+
+import numpy as np
+import pytest
+
+import predict
+import train
+from mrc import postprocess
+from mrc.errors import MRCError
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory, data_dir):
+    out = tmp_path_factory.mktemp("outputs")
+    args = ["--model", "ernie", "--profile", "tiny", "--exp", "t", "--output_dir", str(out), "--data_dir", str(data_dir)]
+    assert train.main(args) == 0
+    return out, args
+
+
+def test_train_writes_folds_logits_threshold_and_cv(tiny_run):
+    out, _ = tiny_run
+    exp = out / "t"
+    info = json.loads((exp / "train_info.json").read_text())
+    cv = json.loads((exp / "cv.json").read_text())
+    threshold = json.loads((exp / "threshold.json").read_text())
+    assert info["backbone"]["kind"] == "random" and info["folds"] == 2
+    assert threshold["mode"] in postprocess.MODES and np.isfinite(threshold["threshold"])
+    assert threshold["feature_key"] == info["features"]["feature_key"]
+    folds = (out / "folds_tiny.csv").read_text().splitlines()
+    assert folds[0] == "id,fold" and len(folds) - 1 == info["train_questions"]
+    fold_of = dict(line.split(",") for line in folds[1:])
+    oof_ids = set()
+    for k in range(2):
+        fold = exp / f"fold{k}"
+        metrics = json.loads((fold / "metrics.json").read_text())
+        assert metrics["train_loss_last"] < metrics["train_loss_first"], "training loss must go down"
+        oof = postprocess.load_logits(fold / "oof.npz")
+        dev = postprocess.load_logits(fold / "dev.npz")
+        assert oof["feature_key"] == dev["feature_key"] == info["features"]["feature_key"]
+        ids = set(oof["example_id"].tolist())
+        assert all(fold_of[i] == str(k) for i in ids)  # out-of-fold: only this fold's held-out questions
+        oof_ids |= ids
+        assert (fold / "model" / "model_state.pdparams").is_file() and not list(fold.glob("checkpoint-*"))
+        assert oof["offsets"].shape[:2] == oof["start_logits"].shape and oof["answerable_logits"].shape[1] == 2
+    assert oof_ids == set(fold_of)  # every training question has exactly one out-of-fold prediction
+    assert cv["cv"]["TOTAL"] == info["train_questions"] and cv["dev"]["TOTAL"] == info["dev_questions"]
+    assert cv["cv"]["F1"] >= cv["cv_all_no_answer"]["F1"] - 1e-9  # the tuned threshold can always say 'no answer'
+    dev_pred = json.loads((exp / "dev_predictions.json").read_text())
+    assert len(dev_pred) == info["dev_questions"]
+    assert (exp / "config.yaml").is_file() and json.loads((exp / "metrics.json").read_text())["cv"] == cv["cv"]
+
+
+def test_resume_skips_finished_folds_and_mismatched_folds_fail(tiny_run, caplog):
+    out, args = tiny_run
+    before = json.loads((out / "t" / "cv.json").read_text())
+    with caplog.at_level("INFO", logger="mrc.train"):
+        assert train.main(args) == 0
+    assert sum("finished before" in r.getMessage() for r in caplog.records) == 2
+    after = json.loads((out / "t" / "cv.json").read_text())
+    assert after["cv"] == before["cv"] and after["dev"] == before["dev"]
+    with pytest.raises(MRCError, match="folds"):
+        train.main(args[:-4] + ["--exp", "t3", "--folds", "3"] + args[-4:])
+    with pytest.raises(MRCError, match="unknown model"):
+        train.main(["--model", "no-such-model-xyz", "--profile", "tiny", "--output_dir", str(out)])
+
+
+def test_predict_answers_every_id(tiny_run, data_dir, tmp_path, capsys):
+    out, _ = tiny_run
+    source = json.loads((data_dir / "mrc" / "dureader_checklist" / "dev_public.json").read_text(encoding="utf-8"))
+    paragraphs = [p for doc in source["data"] for p in doc["paragraphs"]][:12]
+    paragraphs[0]["qas"].append({"id": "no-gold", "question": "这是什么", "answers": []})  # no gold: still answered
+    path = tmp_path / "in.json"
+    path.write_text(json.dumps({"data": [{"title": "", "paragraphs": paragraphs}]}, ensure_ascii=False), encoding="utf-8")
+    ids = [qa["id"] for p in paragraphs for qa in p["qas"]]
+    pred_path, logits_path = tmp_path / "pred.json", tmp_path / "logits.npz"
+    assert predict.main(["--exp", "t", "--input", str(path), "--output", str(pred_path), "--output_dir", str(out),
+                         "--logits_out", str(logits_path)]) == 0
+    pred = json.loads(pred_path.read_text(encoding="utf-8"))
+    assert sorted(pred) == sorted(ids) and all(isinstance(v, str) and v for v in pred.values())
+    printed = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert printed["TOTAL"] == len(ids) and 0 <= printed["F1"] <= 100
+    assert set(postprocess.load_logits(logits_path)["example_id"].tolist()) == set(ids)
+    with pytest.raises(MRCError, match=re.escape("no prediction")):
+        predict.check_complete({ids[0]: "x"}, ids, "in.json")
+    with pytest.raises(MRCError, match="train it first"):
+        predict.main(["--exp", "nope", "--input", str(path), "--output", str(pred_path), "--output_dir", str(out)])
+
+
+def test_time_budget_stops_training_but_still_writes_everything(tiny_run):
+    out, args = tiny_run
+    assert train.main(args[:4] + ["--exp", "budget", "--max_minutes", "0.01"] + args[6:]) == 0
+    for k in range(2):
+        metrics = json.loads((out / "budget" / f"fold{k}" / "metrics.json").read_text())
+        assert metrics["stopped_by_time_budget"] and metrics["steps"] < metrics["steps_per_epoch"] * 4
+        assert (out / "budget" / f"fold{k}" / "oof.npz").is_file()
+    assert json.loads((out / "budget" / "cv.json").read_text())["cv"]["TOTAL"] > 0
