@@ -99,6 +99,7 @@ def main(argv=None):
     deadline = t_start + 60 * cfg["max_minutes"] if cfg.get("max_minutes") else None
 
     from mrc import backbone, data, metric, postprocess
+    from mrc.distributed import barrier, is_main_process, main_process_first
     from mrc.features import build_features
     from mrc.folds import load_or_make_folds
     from mrc.io_utils import set_all_seeds, write_run_info
@@ -110,15 +111,14 @@ def main(argv=None):
     exp_dir = out_root / cfg["exp"]
     spec = backbone.resolve_backbone(cfg["model"], cfg["profile"], outputs_dir=out_root)
     log.info(spec.describe())
-    exp_dir.mkdir(parents=True, exist_ok=True)
     data_dir = data.resolve_data_dir(cfg.get("data_dir"))
     train_df = select_questions(data.load_sources(cfg["train_sources"], data_dir), cfg.get("max_questions"), seed)
     dev_df = cap(data.labelled(data.load_sources([cfg["dev_source"]], data_dir)), cfg.get("dev_max_questions"), seed)
     log.info("training questions: %d (%d unanswerable) from %s; dev (%s): %d", len(train_df), int(train_df["is_impossible"].sum()),
              dict(train_df["source"].value_counts()), cfg["dev_source"], len(dev_df))
-    folds = load_or_make_folds(train_df, out_root / cfg["folds_file"], int(cfg["folds"]), seed)
-
-    _, tokenizer = backbone.load_encoder(spec, data_dir=data_dir)  # also builds the project vocab when needed
+    with main_process_first():  # rank 0 writes the folds file and (when needed) the project vocab; the others read them
+        folds = load_or_make_folds(train_df, out_root / cfg["folds_file"], int(cfg["folds"]), seed)
+        _, tokenizer = load_encoder(spec, data_dir)
     fast = fast_tokenizer(tokenizer)
     feat_args = dict(max_len=int(cfg["max_len"]), stride=int(cfg["stride"]), use_title=bool(cfg["use_title"]))
     dev_features = build_features(dev_df, fast, **feat_args)
@@ -131,9 +131,10 @@ def main(argv=None):
         if old.get("features") != info["features"] or old.get("folds") != info["folds"] or old.get("backbone", {}).get("arch") != spec.arch:
             raise MRCError(f"{old_info}: outputs/{cfg['exp']} was made with other settings ({old.get('features')}, "
                            f"{old.get('folds')} folds); use another --exp or delete the directory")
-    atomic_write_json(old_info, info)
-    tokenizer.save_pretrained(str(exp_dir / "tokenizer"))
-    write_run_info(exp_dir, cfg, seed)
+    if is_main_process():
+        atomic_write_json(old_info, info)
+        tokenizer.save_pretrained(str(exp_dir / "tokenizer"))
+        write_run_info(exp_dir, cfg, seed)
 
     gold_train, gold_dev = metric.gold_from_examples(train_df), metric.gold_from_examples(dev_df)
     n_folds = int(cfg["folds"])
@@ -143,6 +144,9 @@ def main(argv=None):
         fold_metrics.append(run_fold(k, cfg, spec, data_dir, train_df[folds != k].reset_index(drop=True),
                                      train_df[folds == k].reset_index(drop=True), dev_df, dev_features,
                                      fast, feat_args, exp_dir / f"fold{k}", remaining, seed))
+    barrier()
+    if not is_main_process():
+        return 0  # rank 0 alone does the overall out-of-fold threshold and CV
 
     # overall: threshold on every out-of-fold prediction, dev from the mean of the fold models' logits
     from mrc.finetune import score_examples
@@ -176,6 +180,54 @@ def _short(result: dict) -> dict:
     return {k: (round(v, 3) if isinstance(v, float) else v) for k, v in result.items()}
 
 
+def aligned_logging_steps(logging_steps: int, eval_steps: int) -> int:
+    """The largest divisor of eval_steps not above logging_steps: every checkpoint then falls on a logging
+    step, so a resumed run logs the same losses as an uninterrupted one."""
+    return max(d for d in range(1, max(1, min(logging_steps, eval_steps)) + 1) if eval_steps % d == 0)
+
+
+def logged_loss_mean(log_history) -> float | None:
+    """Mean training loss over the logged steps (from the Trainer's log history, which a resume restores;
+    the Trainer's own training_loss only counts the steps since the resume)."""
+    previous, total, steps = 0, 0.0, 0
+    for entry in log_history:
+        if "loss" in entry:
+            n = entry["step"] - previous
+            total, steps, previous = total + entry["loss"] * n, steps + n, entry["step"]
+    return total / steps if steps else None
+
+
+def last_complete_checkpoint(fold_dir: Path, remove_incomplete: bool = True) -> str | None:
+    """The newest checkpoint-<step> dir that MRCTrainer finished writing (mrc.finetune.CHECKPOINT_DONE);
+    a newer, half-written one (the run was killed while saving) is logged and removed."""
+    from mrc.finetune import CHECKPOINT_DONE
+
+    found = sorted((int(m.group(1)), p) for p in fold_dir.glob("checkpoint-*")
+                   if p.is_dir() and (m := re.fullmatch(r"checkpoint-(\d+)", p.name)))
+    for _, path in reversed(found):
+        if (path / CHECKPOINT_DONE).is_file():
+            return str(path)
+        log.warning("%s: incomplete checkpoint (killed while saving?), not resuming from it%s", path,
+                    "; removing it" if remove_incomplete else "")
+        if remove_incomplete:
+            shutil.rmtree(path, ignore_errors=True)
+    return None
+
+
+def load_encoder(spec, data_dir):
+    """backbone.load_encoder (also builds the project vocab when needed); an unreadable checkpoint is one
+    line naming it, not a traceback."""
+    from mrc import backbone
+
+    try:
+        return backbone.load_encoder(spec, data_dir=data_dir)
+    except MRCError:
+        raise
+    except Exception as err:
+        first = (str(err).strip().splitlines() or [""])[0][:200]
+        raise MRCError(f"{spec.source}: cannot load the {spec.arch} checkpoint ({type(err).__name__}: {first})") from None
+
+
 def run_fold(k, cfg, spec, data_dir, fit_df, valid_df, dev_df, dev_features, fast, feat_args, fold_dir, budget_seconds, seed):
     """Train fold k (or skip it when finished) and write its model, oof.npz, dev.npz, metrics.json."""
     done = fold_dir / "metrics.json"
@@ -183,11 +235,12 @@ def run_fold(k, cfg, spec, data_dir, fit_df, valid_df, dev_df, dev_features, fas
         log.info("fold %d: finished before (%s), skipping", k, done)
         return json.loads(done.read_text(encoding="utf-8"))
     from paddlenlp.trainer import TrainingArguments
-    from paddlenlp.trainer.trainer_utils import get_last_checkpoint
 
-    from mrc import backbone, metric, postprocess
+    from mrc import metric, postprocess
+    from mrc.distributed import barrier, is_main_process
     from mrc.features import build_features
-    from mrc.finetune import (FeatureDataset, LengthBucketBatchSampler, MRCTrainer, SamplerEpoch, TimeBudget, collate,
+    from mrc.callbacks import TimeBudget
+    from mrc.finetune import (FeatureDataset, InferenceReserve, LengthBucketBatchSampler, MRCTrainer, SamplerEpoch, collate,
                               predict_logits, save_state_atomic, score_examples)
     from mrc.io_utils import set_all_seeds
     from mrc.model import SpanAnswerableModel, count_parameters
@@ -204,7 +257,7 @@ def run_fold(k, cfg, spec, data_dir, fit_df, valid_df, dev_df, dev_features, fas
     log.info("fold %d: %d training questions -> %d windows; %d held-out -> %d windows (%d for checkpoint selection)",
              k, len(fit_df), len(train_features), len(valid_df), len(valid_features), len(eval_features))
 
-    encoder, _ = backbone.load_encoder(spec, data_dir=data_dir)
+    encoder, _ = load_encoder(spec, data_dir)
     model = SpanAnswerableModel(encoder, dropout=cfg["train"]["dropout"])
     log.info("fold %d: model %s, %d parameters", k, type(encoder).__name__, count_parameters(model))
     sampler = LengthBucketBatchSampler(train_features.lengths(), int(cfg["batch_size"]), seed=seed + k)
@@ -213,14 +266,14 @@ def run_fold(k, cfg, spec, data_dir, fit_df, valid_df, dev_df, dev_features, fas
         output_dir=str(fold_dir), per_device_train_batch_size=int(cfg["batch_size"]),
         per_device_eval_batch_size=int(cfg["eval_batch_size"]), learning_rate=float(cfg["learning_rate"]),
         num_train_epochs=float(cfg["epochs"]), warmup_ratio=cfg["train"]["warmup_ratio"], weight_decay=cfg["train"]["weight_decay"],
-        logging_steps=cfg["train"]["logging_steps"], evaluation_strategy="steps", eval_steps=int(cfg["eval_steps"]),
+        logging_steps=aligned_logging_steps(int(cfg["train"]["logging_steps"]), int(cfg["eval_steps"])), evaluation_strategy="steps", eval_steps=int(cfg["eval_steps"]),
         save_strategy="steps", save_steps=int(cfg["eval_steps"]), save_total_limit=2, load_best_model_at_end=True,
         metric_for_best_model="select", greater_is_better=True, seed=seed + k, report_to=[], disable_tqdm=True,
         dataloader_num_workers=0, device="cpu", skip_memory_metrics=True,
     )
     # the fold's share of --max_minutes also pays for the out-of-fold and dev passes after training
-    budget = TimeBudget(None if budget_seconds is None else t0 + budget_seconds, len(valid_features) + len(dev_features),
-                        default_seconds_per_window=0.05 * int(cfg["max_len"]) / 256)
+    reserve = InferenceReserve(len(valid_features) + len(dev_features), default_seconds_per_window=0.05 * int(cfg["max_len"]) / 256)
+    budget = TimeBudget(None if budget_seconds is None else t0 + budget_seconds, eval_at_end=True, reserve=reserve)
     if budget_seconds is not None:
         log.info("fold %d: %.1f min budget, training stops by about %s", k, budget_seconds / 60,
                  time.strftime("%H:%M:%S", time.localtime(budget.deadline)))
@@ -228,20 +281,22 @@ def run_fold(k, cfg, spec, data_dir, fit_df, valid_df, dev_df, dev_features, fas
                          eval_dataset=FeatureDataset(eval_features), data_collator=collate,
                          callbacks=[SamplerEpoch(sampler), budget], train_sampler=sampler,
                          eval_features=eval_features, eval_df=eval_df, post_cfg=cfg["post"], modes=cfg["threshold_modes"])
-    budget.trainer = trainer
-    last = get_last_checkpoint(str(fold_dir))
+    reserve.trainer = trainer
+    last = last_complete_checkpoint(fold_dir, remove_incomplete=is_main_process())
     if last:
-        log.info("fold %d: resuming from %s", k, last)
-    train_out = trainer.train(resume_from_checkpoint=last)
+        log.info("fold %d: resuming from %s (step %s)", k, last, last.rsplit("-", 1)[-1])
+    trainer.train(resume_from_checkpoint=last)
     model_dir = fold_dir / "model"
-    model_dir.mkdir(exist_ok=True)
-    encoder.config.save_pretrained(str(model_dir))
-    save_state_atomic(model, str(model_dir / "model_state.pdparams"))
+    if is_main_process():
+        model_dir.mkdir(exist_ok=True)
+        encoder.config.save_pretrained(str(model_dir))
+        save_state_atomic(model, str(model_dir / "model_state.pdparams"))
 
     oof_logits, _ = predict_logits(model, valid_features, int(cfg["eval_batch_size"]), desc=f"fold {k} out-of-fold")
-    postprocess.save_logits(fold_dir / "oof.npz", oof_logits)
     dev_logits, _ = predict_logits(model, dev_features, int(cfg["eval_batch_size"]), desc=f"fold {k} dev")
-    postprocess.save_logits(fold_dir / "dev.npz", dev_logits)
+    if is_main_process():
+        postprocess.save_logits(fold_dir / "oof.npz", oof_logits)
+        postprocess.save_logits(fold_dir / "dev.npz", dev_logits)
 
     oof_scores = score_examples(oof_logits, valid_df, cfg["post"])
     tuned = postprocess.tune_threshold(oof_scores, metric.gold_from_examples(valid_df), cfg["threshold_modes"])
@@ -253,14 +308,16 @@ def run_fold(k, cfg, spec, data_dir, fit_df, valid_df, dev_df, dev_features, fas
         "steps": trainer.state.global_step, "steps_per_epoch": steps_per_epoch, "stopped_by_time_budget": budget.stopped_early,
         "best_checkpoint": str(trainer.state.best_model_checkpoint), "best_select": trainer.state.best_metric,
         "train_loss_first": log_history[0]["loss"] if log_history else None,
-        "train_loss_last": log_history[-1]["loss"] if log_history else None, "train_loss_mean": train_out.training_loss,
+        "train_loss_last": log_history[-1]["loss"] if log_history else None, "train_loss_mean": logged_loss_mean(trainer.state.log_history),
         "oof": {"F1": tuned["F1"], "EM": tuned["EM"], "mode": tuned["mode"], "threshold": tuned["threshold"], "answered": tuned["answered"]},
         "dev": {"F1": dev_result["F1"], "EM": dev_result["EM"]}, "seconds": round(time.time() - t0, 1),
         "eval_history": [h for h in trainer.state.log_history if "eval_f1" in h],
     }
-    atomic_write_json(fold_dir / "metrics.json", fold_metrics)  # written last: marks the fold finished
-    for ckpt in fold_dir.glob("checkpoint-*"):
-        shutil.rmtree(ckpt, ignore_errors=True)
+    barrier()  # every rank is done with the fold's checkpoints before rank 0 marks it finished and removes them
+    if is_main_process():
+        atomic_write_json(fold_dir / "metrics.json", fold_metrics)  # written last: marks the fold finished
+        for ckpt in fold_dir.glob("checkpoint-*"):
+            shutil.rmtree(ckpt, ignore_errors=True)
     log.info("fold %d: OOF F1 %.3f EM %.3f (%s >= %.4g), dev F1 %.3f, %.0f s", k, tuned["F1"], tuned["EM"], tuned["mode"],
              tuned["threshold"], dev_result["F1"], time.time() - t0)
     return fold_metrics

@@ -166,7 +166,7 @@ def _clean_answers(raw_answers, context: str, where: str, report: SkipReport) ->
     return answers
 
 
-def _question_row(qa, context, title, source, path, report) -> dict:
+def _question_row(qa, context, title, source, path, report, with_answers=True) -> dict:
     if not isinstance(qa, dict):
         raise _Bad("wrong type", f"{path}: a 'qas' entry is not an object")
     qid = qa.get("id")
@@ -185,8 +185,11 @@ def _question_row(qa, context, title, source, path, report) -> dict:
         raise _Bad("empty question", f"{where}: empty question")
     if not context.strip():
         raise _Bad("empty context", f"{where}: empty context")
-    is_impossible = _parse_bool(qa.get("is_impossible", False), where)
-    answers = [] if is_impossible else _clean_answers(qa.get("answers", []), context, where, report)
+    if with_answers:
+        is_impossible = _parse_bool(qa.get("is_impossible", False), where)
+        answers = [] if is_impossible else _clean_answers(qa.get("answers", []), context, where, report)
+    else:  # prediction input: gold answers (even YES/NO or malformed ones) are not read
+        is_impossible, answers = False, []
     category = qa.get("type", "")
     if not isinstance(category, str):
         raise _Bad("wrong type", f"{where}: type must be a string")
@@ -197,8 +200,11 @@ def _question_row(qa, context, title, source, path, report) -> dict:
     }
 
 
-def load_file(path, source=None, strict=False) -> tuple[pd.DataFrame, SkipReport]:
-    """Read one SQuAD/DuReader-style file. Ids are the file's own. Returns (examples, skip report)."""
+def load_file(path, source=None, strict=False, with_answers=True) -> tuple[pd.DataFrame, SkipReport]:
+    """Read one SQuAD/DuReader-style file. Ids are the file's own. Returns (examples, skip report).
+
+    with_answers=False (prediction input): answers are not parsed (answers [], is_impossible False), so
+    only structural problems (missing/empty id, question or context, wrong types, duplicate ids) skip."""
     path = Path(path)
     source = source or path.stem
     report = SkipReport(str(path))
@@ -228,7 +234,7 @@ def load_file(path, source=None, strict=False) -> tuple[pd.DataFrame, SkipReport
             title = title if isinstance(title, str) else str(title)
             for qa in para["qas"]:
                 try:
-                    row = _question_row(qa, context, title, source, path, report)
+                    row = _question_row(qa, context, title, source, path, report, with_answers)
                     if row["id"] in ids:
                         raise _Bad("duplicate id", f"{path}: id {row['id']}: duplicate id")
                 except _Bad as bad:

@@ -6,11 +6,13 @@
 - `predict_logits(model, features)`: the npz logits dict of mrc.postprocess (length-sorted batches,
   put back in feature order).
 - `MRCTrainer`: evaluates with the official metric (threshold tuned on the eval questions) and
-  selects checkpoints on it; `TimeBudget` stops training at a wall-clock deadline.
+  selects checkpoints on it, and stops the run on a NaN/inf loss (mrc.callbacks.check_finite_loss).
+- `InferenceReserve`: the time a fold keeps after training for its out-of-fold and dev passes, for
+  mrc.callbacks.TimeBudget (which stops training at the wall-clock deadline, on every rank at once).
+Data-parallel: every rank computes the same global batches and takes its share (mrc.distributed).
 """
 from __future__ import annotations
 
-import logging
 import math
 import os
 import random
@@ -22,9 +24,11 @@ from paddlenlp.data import Pad
 from paddlenlp.trainer import Trainer, TrainerCallback
 
 from . import metric, postprocess
+from .callbacks import check_finite_loss
+from .distributed import shard_batches, world_info
 from .features import Features
 
-log = logging.getLogger("mrc")
+CHECKPOINT_DONE = "checkpoint.done"  # written into checkpoint-<step>/ once paddlenlp has saved everything there
 
 
 class FeatureDataset(paddle.io.Dataset):
@@ -61,11 +65,17 @@ class LengthBucketBatchSampler(paddle.io.BatchSampler):
         self.lengths = np.asarray(lengths)
         self.batch_size, self.seed, self.chunk_batches, self.drop_last = batch_size, seed, chunk_batches, drop_last
         self.epoch = 0
+        self._cached = (None, None)  # (epoch, batches)
 
     def set_epoch(self, epoch: int):
         self.epoch = int(epoch)
 
     def batches(self) -> list[list[int]]:
+        if self._cached[0] != self.epoch:
+            self._cached = (self.epoch, self._make_batches())
+        return self._cached[1]
+
+    def _make_batches(self) -> list[list[int]]:
         rng = random.Random(self.seed * 100003 + self.epoch)
         order = list(range(len(self.lengths)))
         rng.shuffle(order)
@@ -77,14 +87,15 @@ class LengthBucketBatchSampler(paddle.io.BatchSampler):
         if self.drop_last:
             batches = [b for b in batches if len(b) == self.batch_size]
         rng.shuffle(batches)
-        return batches
+        return shard_batches(batches)  # data-parallel: this rank's 1/N (identity in a single process)
 
     def __iter__(self):
         yield from self.batches()
 
     def __len__(self):
         n = len(self.lengths) / self.batch_size
-        return int(n) if self.drop_last else math.ceil(n)
+        global_batches = int(n) if self.drop_last else math.ceil(n)
+        return global_batches // world_info().world_size
 
 
 class SamplerEpoch(TrainerCallback):
@@ -97,34 +108,19 @@ class SamplerEpoch(TrainerCallback):
         self.sampler.set_epoch(math.floor((state.epoch or 0) + 1e-6))
 
 
-class TimeBudget(TrainerCallback):
-    """Evaluate and save at the last step (so the end of training competes for best checkpoint), and
-    stop early, evaluating and saving first, when the rest of the fold's time is needed for the
-    `n_infer` windows still to forward after training (out-of-fold + dev passes).
+class InferenceReserve:
+    """Seconds a fold keeps after training for the `n_infer` windows still to forward (out-of-fold + dev
+    passes): the `reserve` of mrc.callbacks.TimeBudget. Seconds per window as measured by the trainer's
+    evaluations (`trainer.eval_seconds_per_feature`), `default_seconds_per_window` until the first one;
+    20% margin. Set `.trainer` once the trainer exists."""
 
-    Seconds per window: measured by the trainer's evaluations (`trainer.eval_seconds_per_feature`),
-    `default_seconds_per_window` until the first one; 20% margin."""
-
-    def __init__(self, fold_end: float | None, n_infer: int = 0, default_seconds_per_window: float = 0.05):
-        self.fold_end, self.n_infer, self.default = fold_end, n_infer, default_seconds_per_window
+    def __init__(self, n_infer: int, default_seconds_per_window: float = 0.05):
+        self.n_infer, self.default = n_infer, default_seconds_per_window
         self.trainer = None
-        self.stopped_early = False
 
-    @property
-    def deadline(self) -> float | None:
-        if self.fold_end is None:
-            return None
+    def __call__(self) -> float:
         per_window = getattr(self.trainer, "eval_seconds_per_feature", None) or self.default
-        return self.fold_end - 1.2 * self.n_infer * per_window
-
-    def on_step_end(self, args, state, control, **kwargs):
-        if state.global_step >= state.max_steps:
-            control.should_evaluate = control.should_save = True
-        elif self.fold_end is not None and time.time() >= self.deadline and not control.should_training_stop:
-            log.info("time budget reached at step %d of %d: stopping this fold's training", state.global_step, state.max_steps)
-            self.stopped_early = True
-            control.should_training_stop = control.should_evaluate = control.should_save = True
-        return control
+        return 1.2 * self.n_infer * per_window
 
 
 def predict_logits(model, features: Features, batch_size: int = 32, with_loss: bool = False, desc: str | None = None):
@@ -188,14 +184,40 @@ class MRCTrainer(Trainer):
 
     def _save_checkpoint(self, model, metrics=None):
         super()._save_checkpoint(model, metrics=metrics)
+        # paddlenlp writes the checkpoint's files in place: mark it complete, so a run killed while
+        # saving resumes from the previous one (train.last_complete_checkpoint)
+        if self.args.should_save:
+            from .io_utils import atomic_write_text
+
+            atomic_write_text(os.path.join(self.args.output_dir, f"checkpoint-{self.state.global_step}", CHECKPOINT_DONE),
+                              f"{self.state.global_step}\n")
         # paddlenlp 2.8.1 rotates (save_total_limit) only when local_rank == 0, which a single CPU
         # process (-1) never is: rotate here; the best checkpoint is kept by _sorted_checkpoints
-        if self.args.local_rank != 0:
+        # (data-parallel: local_rank >= 0, paddlenlp rotates on local rank 0 and the others must not)
+        if self.args.local_rank < 0:
             self._rotate_checkpoints(use_mtime=False, output_dir=self.args.output_dir)
 
     def compute_loss(self, model, inputs, return_outputs=False):
         outputs = model(**inputs)
+        check_finite_loss(outputs[0], self.state.global_step + 1, self._batch_desc(inputs))
         return (outputs[0], outputs) if return_outputs else outputs[0]
+
+    def _batch_desc(self, inputs) -> str:
+        """'<k> of epoch <e> (<n> windows, first feature <i>, question <id>)' for the NaN guard's message."""
+        state, per_epoch = self.state, max(1, len(self.train_sampler)) if self.train_sampler is not None else 0
+        desc = f"{state.global_step % per_epoch + 1} of epoch {math.floor(state.epoch or 0) + 1}" if per_epoch else str(state.global_step + 1)
+        n = int(inputs["input_ids"].shape[0])
+        sampler = self.train_sampler
+        # the batch the sampler gives at this step (the Trainer draws the sampler's batches in order)
+        if sampler is not None and per_epoch:
+            batches = sampler.batches()
+            i = state.global_step % per_epoch
+            if i < len(batches) and len(batches[i]) == n:
+                first = batches[i][0]
+                features = getattr(self.train_dataset, "features", None)
+                qid = f", question {features.example_id[first]}" if features is not None else ""
+                return f"{desc} ({n} windows, first feature {first}{qid})"
+        return f"{desc} ({n} windows)"
 
     def evaluate(self, eval_dataset=None, ignore_keys=None, metric_key_prefix="eval"):
         t0 = time.time()
