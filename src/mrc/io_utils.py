@@ -12,6 +12,8 @@ import yaml
 from .errors import MRCError
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
+_UMASK = os.umask(0o022)
+os.umask(_UMASK)
 
 
 def _atomic_write_bytes(path, data: bytes):
@@ -19,6 +21,7 @@ def _atomic_write_bytes(path, data: bytes):
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
+        os.chmod(tmp, 0o666 & ~_UMASK)  # mkstemp makes 0600; outputs should read like any written file
         with os.fdopen(fd, "wb") as f:
             f.write(data)
             f.flush()
