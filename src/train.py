@@ -23,6 +23,7 @@ import shutil  # noqa: E402
 import time  # noqa: E402
 from pathlib import Path  # noqa: E402
 
+from mrc.distributed import add_precision_flags, precision_kwargs  # noqa: E402
 from mrc.errors import MRCError  # noqa: E402
 from mrc.io_utils import REPO_ROOT, atomic_write_json, load_yaml_config  # noqa: E402
 
@@ -51,6 +52,7 @@ def build_parser():
     p.add_argument("--data_dir", default=None, help="data root (default: $MRC_DATA_DIR or ../shared/data)")
     p.add_argument("--config", default="configs/train.yaml", help="training config file")
     p.add_argument("--seed", type=int, default=None, help="random seed (default: configs/default.yaml seed)")
+    add_precision_flags(p)
     return p
 
 
@@ -65,6 +67,7 @@ def resolve_config(args) -> dict:
                  "max_minutes": args.max_minutes}
     cfg.update({k: v for k, v in overrides.items() if v is not None})
     cfg["profile"] = args.profile
+    cfg["precision"] = precision_kwargs(args)
     cfg["exp"] = args.exp or f"{re.sub(r'[^A-Za-z0-9_.-]+', '_', Path(str(cfg['model'])).name)}_{args.profile}"
     if not re.fullmatch(r"[A-Za-z0-9_.-]+", cfg["exp"]):
         raise MRCError(f"--exp {cfg['exp']!r}: use letters, digits, '_', '-', '.' only")
@@ -269,7 +272,7 @@ def run_fold(k, cfg, spec, data_dir, fit_df, valid_df, dev_df, dev_features, fas
         logging_steps=aligned_logging_steps(int(cfg["train"]["logging_steps"]), int(cfg["eval_steps"])), evaluation_strategy="steps", eval_steps=int(cfg["eval_steps"]),
         save_strategy="steps", save_steps=int(cfg["eval_steps"]), save_total_limit=2, load_best_model_at_end=True,
         metric_for_best_model="select", greater_is_better=True, seed=seed + k, report_to=[], disable_tqdm=True,
-        dataloader_num_workers=0, device="cpu", skip_memory_metrics=True,
+        dataloader_num_workers=0, device="cpu", skip_memory_metrics=True, **cfg.get("precision", {}),
     )
     # the fold's share of --max_minutes also pays for the out-of-fold and dev passes after training
     reserve = InferenceReserve(len(valid_features) + len(dev_features), default_seconds_per_window=0.05 * int(cfg["max_len"]) / 256)
