@@ -103,7 +103,7 @@ class Text:
 
 def resolve_tokenizer(cfg):
     """(paddlenlp tokenizer, description, init source or None). --init decides; else the project vocab."""
-    from mrc.backbone import _hub_reachable, arch_of_dir
+    from mrc.backbone import hub_reachable, arch_of_dir
     from mrc.vocab import build_vocab, ensure_project_vocab, load_tokenizer
 
     init = cfg["init"]
@@ -117,7 +117,7 @@ def resolve_tokenizer(cfg):
             return load_tokenizer(init), f"tokenizer of local checkpoint {init}", init
         if str(init).startswith((".", "/", "~")):
             raise MRCError(f"{init}: checkpoint directory not found")
-        reachable, why = _hub_reachable(init)
+        reachable, why = hub_reachable(init)
         if reachable:
             return load_tokenizer(init), f"tokenizer of hub model {init}", init
         log.warning("--init %s: %s: offline pre-training from scratch with the project vocab", init, why)

@@ -83,7 +83,7 @@ def arch_of_dir(path) -> str:
     raise MRCError(f"{path}/config.json: cannot tell the architecture (model_type/architectures: {hint or 'none'})")
 
 
-def _hub_reachable(hub_name: str) -> tuple[bool, str]:
+def hub_reachable(hub_name: str) -> tuple[bool, str]:
     if os.environ.get("MRC_OFFLINE", "0") == "1":
         return False, "MRC_OFFLINE=1"
     from paddlenlp.transformers import AutoTokenizer
@@ -109,7 +109,7 @@ def resolve_backbone(name_or_dir: str, profile: str = "cpu", outputs_dir="output
         outputs_dir = REPO_ROOT / outputs_dir
     spec_file = MODELS_DIR / f"{name}.yaml"
     if not spec_file.exists():
-        ok, why = _hub_reachable(name)
+        ok, why = hub_reachable(name)
         if ok:
             from paddlenlp.transformers import AutoConfig
 
@@ -121,7 +121,7 @@ def resolve_backbone(name_or_dir: str, profile: str = "cpu", outputs_dir="output
     hub, arch, recipe = spec.get("hub"), spec["arch"], spec.get("recipe", name)
     reasons = []
     if hub:
-        ok, why = _hub_reachable(hub)
+        ok, why = hub_reachable(hub)
         if ok:
             return BackboneSpec(name, "hub", arch, hub, hub, reason=f"hub {hub}")
         reasons.append(why)
