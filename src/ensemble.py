@@ -132,28 +132,18 @@ def member_test_logits(member: dict, df, input_path: Path, data_dir, batch_size:
 
 
 def run_fold_models(member: dict, df, batch_size: int) -> dict:
-    """Fold models of the experiment on df, averaged (the steps of predict.py, with its functions)."""
+    """Fold models of the experiment on df (predict.fold_logits), averaged as members are."""
     from mrc.ensemble import fold_average
-    from mrc.features import build_features
-    from mrc.finetune import predict_logits
-    from mrc.vocab import fast_tokenizer, load_tokenizer
-    from predict import load_fold_model
+    from predict import fold_logits
 
-    exp_dir, feat = member["dir"], member["info"]["features"]
+    exp_dir = member["dir"]
     for k in range(member["folds"]):  # before the slow imports: a clear line when a model is missing
         model_dir = exp_dir / f"fold{k}" / "model"
         if not (model_dir / "model_state.pdparams").is_file():
             raise MRCError(f"{model_dir}: fold model missing, needed to answer {len(df)} questions the folds' dev.npz "
                            f"do not cover")
-    fast = fast_tokenizer(load_tokenizer(str(exp_dir / "tokenizer")))
-    features = build_features(df, fast, feat["max_len"], feat["stride"], feat["use_title"])
-    if features.key != feat["feature_key"]:
-        raise MRCError(f"{exp_dir}/tokenizer: feature key {features.key} differs from the trained one {feat['feature_key']}")
-    fold_logits = []
-    for k in range(member["folds"]):
-        model = load_fold_model(exp_dir / f"fold{k}", member["info"]["backbone"]["arch"])
-        fold_logits.append(predict_logits(model, features, batch_size, desc=f"{member['name']} fold {k}")[0])
-    return fold_average(fold_logits, [f"{member['name']}/fold{k}" for k in range(member["folds"])])
+    logits = fold_logits(exp_dir, member["info"], df, batch_size, label=f"{member['name']} ")
+    return fold_average(logits, [f"{member['name']}/fold{k}" for k in range(member["folds"])])
 
 
 # ---------------------------------------------------------------- main

@@ -66,6 +66,25 @@ def load_fold_model(fold_dir: Path, arch: str):
     return model
 
 
+def fold_logits(exp_dir: Path, info: dict, df, batch_size: int, label: str = "") -> list[dict]:
+    """Per-window logits of each fold model of an experiment on the questions of df (same features
+    as in training: the experiment's tokenizer and feature settings, checked by feature key)."""
+    from mrc.features import build_features
+    from mrc.finetune import predict_logits
+    from mrc.vocab import fast_tokenizer, load_tokenizer
+
+    feat = info["features"]
+    fast = fast_tokenizer(load_tokenizer(str(exp_dir / "tokenizer")))
+    features = build_features(df, fast, feat["max_len"], feat["stride"], feat["use_title"])
+    if features.key != feat["feature_key"]:
+        raise MRCError(f"{exp_dir}/tokenizer: feature key {features.key} differs from the trained one {feat['feature_key']}")
+    logits = []
+    for k in range(int(info["folds"])):
+        model = load_fold_model(exp_dir / f"fold{k}", info["backbone"]["arch"])
+        logits.append(predict_logits(model, features, batch_size, desc=f"{label}fold {k}")[0])
+    return logits
+
+
 def _first_line(err: Exception) -> str:
     return f"{type(err).__name__}: {(str(err).strip().splitlines() or [''])[0][:200]}"
 
@@ -93,10 +112,8 @@ def main(argv=None):
         raise MRCError(f"--batch_size must be positive, got {args.batch_size}")
 
     from mrc import data, metric, postprocess
-    from mrc.features import build_features
-    from mrc.finetune import predict_logits, score_examples
+    from mrc.finetune import score_examples
     from mrc.io_utils import atomic_write_json
-    from mrc.vocab import fast_tokenizer, load_tokenizer
 
     info, threshold = read_json(exp_dir / "train_info.json"), read_json(exp_dir / "threshold.json")
     # gold answers play no part in predicting: only a structural problem (missing id/question/context,
@@ -106,17 +123,9 @@ def main(argv=None):
         first = next(iter(report.examples.values()))
         raise MRCError(f"{first} ({report.total_skipped} questions cannot be read: {dict(report.skipped)}); nothing written")
     ids = df["id"].astype(str).tolist()
-    fast = fast_tokenizer(load_tokenizer(str(exp_dir / "tokenizer")))
-    feat = info["features"]
-    features = build_features(df, fast, feat["max_len"], feat["stride"], feat["use_title"])
-    if features.key != feat["feature_key"] or features.key != threshold.get("feature_key", features.key):
-        raise MRCError(f"{exp_dir}/tokenizer: feature key {features.key} differs from the trained one {feat['feature_key']}")
-
-    members = []
-    for k in range(int(info["folds"])):
-        model = load_fold_model(exp_dir / f"fold{k}", info["backbone"]["arch"])
-        logits, _ = predict_logits(model, features, args.batch_size, desc=f"fold {k}")
-        members.append(logits)
+    if info["features"]["feature_key"] != threshold.get("feature_key", info["features"]["feature_key"]):
+        raise MRCError(f"{exp_dir}/threshold.json: tuned for features {threshold['feature_key']}, not {info['features']['feature_key']}")
+    members = fold_logits(exp_dir, info, df, args.batch_size)
     logits = postprocess.average_logits(members, names=[f"fold{k}" for k in range(len(members))])
     scores = score_examples(logits, df, info["post"])
     predictions = postprocess.decide(scores, threshold["threshold"], threshold["mode"])
