@@ -73,6 +73,12 @@ case "$stage" in
             exit 3
         fi
         setup >/dev/null
+        if [[ "$stage" == bench && ! -x "$ROOT/.venv-bench/bin/python" && " $* " != *" --help "* && " $* " != *" -h "* ]]; then
+            # the PyTorch side of the benchmark lives in its own venv, away from paddle's pins
+            echo "bench: creating .venv-bench from requirements-bench.txt" >&2
+            python3 -m venv "$ROOT/.venv-bench"
+            "$ROOT/.venv-bench/bin/pip" install --quiet --disable-pip-version-check -r "$ROOT/requirements-bench.txt"
+        fi
         # Data-parallel (several GPUs / CPU processes / machines): through paddle.distributed.launch
         if [[ "$stage" == pretrain || "$stage" == train ]] && launch_requested "$@"; then
             cd "$ROOT" && exec "$PY" src/launch.py "$stage" "$@"

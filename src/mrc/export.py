@@ -1,0 +1,95 @@
+"""Export a trained fold model to a Paddle inference model, and run it with paddle.inference.
+
+    export_fold_model(fold_dir, arch, out_dir) -> prefix      (paddle.jit.save of SpanAnswerableModel)
+    InferenceRunner(prefix, mkldnn=True, threads=2)(input_ids, token_type_ids) -> (start, end, answerable)
+
+The exported graph takes (input_ids, token_type_ids) [batch, length] int64, both dims dynamic, and
+returns (start_logits [B, L], end_logits [B, L], answerable_logits [B, 2]) exactly as the dynamic model
+in eval mode (the attention mask is derived from input_ids != 0 inside, as SpanAnswerableModel does).
+Paddle 3 writes <prefix>.json (PIR program) + <prefix>.pdiparams; older versions <prefix>.pdmodel.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from .errors import MRCError
+
+MODEL_FILES = (".json", ".pdmodel")  # PIR (Paddle 3) program, legacy program
+
+
+def export_fold_model(fold_dir, arch: str, out_dir, model=None) -> Path:
+    """Save fold_dir/model (config.json + model_state.pdparams) as a static inference model in
+    out_dir/inference.*; returns the path prefix. `model`: an already loaded fold model (skips loading)."""
+    import paddle
+    from paddle.static import InputSpec
+
+    if model is None:
+        from predict import load_fold_model  # the one loader of fold models (src/predict.py)
+
+        model = load_fold_model(Path(fold_dir), arch)
+    model.eval()
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    prefix = out_dir / "inference"
+    specs = [InputSpec([None, None], "int64", name="input_ids"), InputSpec([None, None], "int64", name="token_type_ids")]
+    static = paddle.jit.to_static(_inference_layer(model), input_spec=specs, full_graph=True)
+    paddle.jit.save(static, str(prefix))
+    if inference_model_file(prefix) is None:
+        raise MRCError(f"{out_dir}: paddle.jit.save wrote no inference program")
+    return prefix
+
+
+def inference_model_file(prefix) -> Path | None:
+    for suffix in MODEL_FILES:
+        path = Path(f"{prefix}{suffix}")
+        if path.is_file():
+            return path
+    return None
+
+
+def _inference_layer(model):
+    """A Layer taking only (input_ids, token_type_ids): the inputs the exported program is fed."""
+    import paddle
+
+    class InferenceLayer(paddle.nn.Layer):
+        def __init__(self, inner):
+            super().__init__()
+            self.inner = inner
+
+        def forward(self, input_ids, token_type_ids):
+            return self.inner(input_ids, token_type_ids=token_type_ids)
+
+    return InferenceLayer(model)
+
+
+class InferenceRunner:
+    """A paddle.inference predictor of an exported model (MKLDNN/oneDNN on or off)."""
+
+    def __init__(self, prefix, mkldnn: bool = True, threads: int = 2):
+        import paddle.inference as pi
+
+        model_file = inference_model_file(prefix)
+        params_file = Path(f"{prefix}.pdiparams")
+        if model_file is None or not params_file.is_file():
+            raise MRCError(f"{prefix}: no exported inference model (.json/.pdmodel + .pdiparams); run export_fold_model")
+        config = pi.Config(str(model_file), str(params_file))
+        config.disable_gpu()
+        config.set_cpu_math_library_num_threads(int(threads))
+        if mkldnn:
+            config.enable_mkldnn()
+        else:
+            config.disable_mkldnn()
+        config.disable_glog_info()
+        self.predictor = pi.create_predictor(config)
+        self.input_names = self.predictor.get_input_names()
+        self.output_names = self.predictor.get_output_names()
+
+    def __call__(self, input_ids: np.ndarray, token_type_ids: np.ndarray):
+        feeds = {"input_ids": input_ids, "token_type_ids": token_type_ids}
+        for i, name in enumerate(self.input_names):  # by name; by position if a Paddle version renamed them
+            value = feeds.get(name, (input_ids, token_type_ids)[i])
+            self.predictor.get_input_handle(name).copy_from_cpu(np.ascontiguousarray(value, dtype=np.int64))
+        self.predictor.run()
+        return tuple(self.predictor.get_output_handle(n).copy_to_cpu() for n in self.output_names)
