@@ -49,6 +49,8 @@ def parse_args(argv=None):
     p.add_argument("--output", default=None, help="output dir (default: outputs/pretrain/<recipe>)")
     p.add_argument("--max_minutes", type=float, default=None, help="wall-clock budget of the whole stage")
     p.add_argument("--max_steps", type=int, default=None, help="override the profile's number of optimizer steps")
+    p.add_argument("--learning_rate", type=float, default=None, help="override the profile's (and recipe's) peak learning rate")
+    p.add_argument("--warmup_ratio", type=float, default=None, help="override the fraction of steps spent warming up")
     p.add_argument("--seed", type=int, default=None, help="default: configs/default.yaml seed")
     p.add_argument("--data_dir", default=None, help="data dir (default: $MRC_DATA_DIR, ../shared/data, data/)")
     p.add_argument("--corpus_lines", type=int, default=None, help="use only the first N corpus articles")
@@ -60,10 +62,12 @@ def parse_args(argv=None):
 def resolve_config(args) -> dict:
     base = load_yaml_config("configs/default.yaml", "configs/pretrain.yaml")
     profile = dict(base["profiles"][args.profile])
-    for key in ("max_minutes", "max_steps", "corpus_lines", "max_passages"):
+    recipe = dict(base["recipes"][args.recipe])
+    # a recipe's own settings per profile (e.g. ALBERT's learning rate), then the command line
+    profile.update((recipe.pop("profiles", None) or {}).get(args.profile) or {})
+    for key in ("max_minutes", "max_steps", "corpus_lines", "max_passages", "learning_rate", "warmup_ratio"):
         if getattr(args, key) is not None:
             profile[key] = getattr(args, key)
-    recipe = dict(base["recipes"][args.recipe])
     if recipe["dynamic_masking"]:
         profile["dupe_factor"] = 1  # a new mask each epoch replaces the static copies
     outputs_root = Path(base["output_dir"])
@@ -138,12 +142,18 @@ def resolve_tokenizer(cfg):
 
 def prepare_data(cfg, tokenizer, fast_tok) -> dict:
     """Token stores and instances for train / held-out documents under <output>/data (reused if unchanged)."""
+    from mrc.distributed import is_main_process
+
     data_dir = Path(cfg["output"]) / "data"
     vocab_hash = fingerprint(sorted(tokenizer.get_vocab().items()))
     key = {k: cfg[k] for k in ("masking", "pair_task", "dupe_factor", "max_seq_len", "short_seq_prob", "corpus_lines",
                                "max_passages", "heldout_fraction", "seed", "eval_sources", "train_sources")}
     key["vocab"] = vocab_hash
     key["version"] = DATA_VERSION
+    if cfg["masking"] == "ernie":  # only ERNIE's units changed (jieba HMM off): other recipes keep their data
+        from mrc.masking import ERNIE_UNITS
+
+        key["ernie_units"] = ERNIE_UNITS
     manifest_path = data_dir / "manifest.json"
     if manifest_path.is_file():
         manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
@@ -151,6 +161,9 @@ def prepare_data(cfg, tokenizer, fast_tok) -> dict:
             log.info("reusing pre-training data in %s", data_dir)
             return manifest
         log.info("pre-training data in %s is from another configuration: rebuilding", data_dir)
+    if not is_main_process():  # rank 0 built it first (main_process_first): a mismatch here is a bug
+        raise MRCError(f"{manifest_path}: rank 0 did not leave this configuration's pre-training data")
+    if manifest_path.is_file():
         manifest_path.unlink()  # a rebuild killed half-way must not look complete
     text = Text(cfg, cfg["corpus_lines"], cfg["max_passages"])
     seed, frac = cfg["seed"], cfg["heldout_fraction"]
@@ -195,7 +208,11 @@ def build_model(cfg, tokenizer, init):
 
     classes = pretraining_classes(cfg["arch"])
     if init is not None:
-        model = classes.pretraining.from_pretrained(init)
+        try:
+            model = classes.pretraining.from_pretrained(init)
+        except Exception as err:  # an unreadable checkpoint is one line naming it, not a traceback
+            first = (str(err).strip().splitlines() or [""])[0][:200]
+            raise MRCError(f"{init}: cannot load the {cfg['arch']} checkpoint ({type(err).__name__}: {first})") from None
         log.info("weights: %s.from_pretrained(%s) (a head missing from the checkpoint starts random)",
                  classes.pretraining.__name__, init)
         return model, f"{classes.pretraining.__name__} from {init}"
@@ -213,10 +230,12 @@ def make_trainer_classes():
     import paddle.nn.functional as F
     from paddlenlp.trainer import Trainer, TrainerCallback
 
+    from mrc.callbacks import CompleteCheckpoints, TimeBudget, check_finite_loss
     from mrc.pretrain_model import pretraining_logits
 
-    class PretrainTrainer(Trainer):
-        """MLM (+ NSP/SOP) loss on masked positions only; evaluation = held-out accuracies."""
+    class PretrainTrainer(CompleteCheckpoints, Trainer):
+        """MLM (+ NSP/SOP) loss on masked positions only; evaluation = held-out accuracies. A NaN/inf loss
+        stops the run naming the step and batch; checkpoints count once marked complete."""
 
         def setup_pretraining(self, cfg, eval_collator, baseline_token):
             self.cfg, self.eval_collator, self.baseline_token = cfg, eval_collator, baseline_token
@@ -226,7 +245,18 @@ def make_trainer_classes():
             loss = F.cross_entropy(mlm_logits, inputs["masked_lm_labels"].reshape([-1, 1]))
             if self.cfg["pair_task"] != "none":
                 loss = loss + F.cross_entropy(pair_logits, inputs["next_sentence_labels"].reshape([-1, 1]))
+            if not math.isfinite(float(loss)):  # the batch is described only when it is needed
+                check_finite_loss(loss, self.state.global_step + 1, self._batch_desc(inputs))
             return (loss, (mlm_logits, pair_logits)) if return_outputs else loss
+
+        def _batch_desc(self, inputs) -> str:
+            """'<k> of epoch <e> (<n> instances, <m> masked tokens)' for the NaN guard's message."""
+            state = self.state
+            per_epoch = len(self.get_train_dataloader()) if self.train_dataset is not None else 0
+            where = (f"{state.global_step % per_epoch + 1} of epoch {math.floor(state.epoch or 0) + 1}" if per_epoch
+                     else str(state.global_step + 1))
+            return (f"{where} ({int(inputs['input_ids'].shape[0])} instances, "
+                    f"{int(inputs['masked_lm_labels'].shape[0])} masked tokens)")
 
         def evaluate(self, eval_dataset=None, ignore_keys=None, metric_key_prefix="eval", max_batches=None):
             dataset = eval_dataset or self.eval_dataset
@@ -282,19 +312,6 @@ def make_trainer_classes():
         def on_epoch_begin(self, args, state, control, **kwargs):
             self.collator.epoch = int(math.floor((state.epoch or 0.0) + 1e-6))
 
-    class TimeBudget(TrainerCallback):
-        """Stop (and save a checkpoint) when the wall-clock budget is spent; a rerun resumes from it."""
-
-        def __init__(self, deadline):
-            self.deadline = deadline
-
-        def on_step_end(self, args, state, control, **kwargs):
-            if self.deadline is not None and time.time() >= self.deadline:
-                log.info("time budget reached at step %d: stopping", state.global_step)
-                control.should_training_stop = True
-                control.should_save = True
-            return control
-
     return PretrainTrainer, EpochForMasking, TimeBudget
 
 
@@ -312,22 +329,28 @@ def pretrain(args):
     start = time.time()
     cfg = resolve_config(args)
     out = Path(cfg["output"])
-    out.mkdir(parents=True, exist_ok=True)
     ckpt_dir = out / "checkpoints"
-    if args.overwrite_output:
-        shutil.rmtree(ckpt_dir, ignore_errors=True)
     budget_s = cfg["max_minutes"] * 60 if cfg.get("max_minutes") else None
 
     from paddlenlp.trainer import TrainingArguments
-    from paddlenlp.trainer.trainer_utils import get_last_checkpoint
 
+    from mrc.callbacks import last_complete_checkpoint
+    from mrc.distributed import is_main_process, main_process_first
     from mrc.io_utils import set_all_seeds
     from mrc.vocab import fast_tokenizer
 
     set_all_seeds(cfg["seed"])
-    tokenizer, tok_desc, init = resolve_tokenizer(cfg)
-    log.info("recipe %s (profile %s): %s", cfg["recipe"], cfg["profile"], tok_desc)
-    manifest = prepare_data(cfg, tokenizer, fast_tokenizer(tokenizer))
+    # Data-parallel: rank 0 clears, builds the vocab and the instances first; the others then find them on disk.
+    with main_process_first():
+        if is_main_process():
+            out.mkdir(parents=True, exist_ok=True)
+            if args.overwrite_output:
+                shutil.rmtree(ckpt_dir, ignore_errors=True)
+        tokenizer, tok_desc, init = resolve_tokenizer(cfg)
+        log.info("recipe %s (profile %s): %s", cfg["recipe"], cfg["profile"], tok_desc)
+    model, model_desc = build_model(cfg, tokenizer, init)  # before the data: a bad --init fails in seconds
+    with main_process_first():
+        manifest = prepare_data(cfg, tokenizer, fast_tokenizer(tokenizer))
     data_dir = out / "data"
     train_ds = PretrainingDataset(data_dir / "train_instances")
     heldout_ds = PretrainingDataset(data_dir / "heldout_instances")
@@ -341,7 +364,6 @@ def pretrain(args):
     train_collator = PretrainingCollator(ids, len(tokenizer), masking, cfg["seed"], cfg["dynamic_masking"])
     eval_collator = PretrainingCollator(ids, len(tokenizer), masking, cfg["seed"] + 1, dynamic=False)
 
-    model, model_desc = build_model(cfg, tokenizer, init)
     PretrainTrainer, EpochForMasking, TimeBudget = make_trainer_classes()
     # Leave room in the budget for the final evaluation and save.
     deadline = start + budget_s - min(60.0, 0.1 * budget_s) if budget_s else None
@@ -357,7 +379,7 @@ def pretrain(args):
                               eval_dataset=heldout_ds, tokenizer=tokenizer,
                               callbacks=[EpochForMasking(train_collator), TimeBudget(deadline)])
     trainer.setup_pretraining(cfg, eval_collator, manifest["most_frequent_token"])
-    last = get_last_checkpoint(str(ckpt_dir)) if ckpt_dir.is_dir() else None
+    last = last_complete_checkpoint(ckpt_dir, remove_incomplete=is_main_process()) if ckpt_dir.is_dir() else None
     done_steps = 0
     if last:
         done_steps = json.loads((Path(last) / "trainer_state.json").read_text(encoding="utf-8"))["global_step"]
@@ -378,7 +400,8 @@ def pretrain(args):
         "data": manifest["counts"], "text": manifest["text"],
         "weights": model_desc, "tokenizer": tok_desc,
     }
-    write_run_info(out, cfg, cfg["seed"], metrics)
+    if is_main_process():
+        write_run_info(out, cfg, cfg["seed"], metrics)
     pair = f", {cfg['pair_task']} acc {metrics.get('heldout_' + cfg['pair_task'] + '_acc'):.3f}" if cfg["pair_task"] != "none" else ""
     log.info("done: step %d, held-out MLM acc %.3f (most-frequent-token baseline %.3f)%s, %.0f s -> %s",
              metrics["global_step"], metrics["heldout_mlm_acc"], metrics["heldout_mlm_baseline_acc"], pair,

@@ -200,23 +200,6 @@ def logged_loss_mean(log_history) -> float | None:
     return total / steps if steps else None
 
 
-def last_complete_checkpoint(fold_dir: Path, remove_incomplete: bool = True) -> str | None:
-    """The newest checkpoint-<step> dir that MRCTrainer finished writing (mrc.finetune.CHECKPOINT_DONE);
-    a newer, half-written one (the run was killed while saving) is logged and removed."""
-    from mrc.finetune import CHECKPOINT_DONE
-
-    found = sorted((int(m.group(1)), p) for p in fold_dir.glob("checkpoint-*")
-                   if p.is_dir() and (m := re.fullmatch(r"checkpoint-(\d+)", p.name)))
-    for _, path in reversed(found):
-        if (path / CHECKPOINT_DONE).is_file():
-            return str(path)
-        log.warning("%s: incomplete checkpoint (killed while saving?), not resuming from it%s", path,
-                    "; removing it" if remove_incomplete else "")
-        if remove_incomplete:
-            shutil.rmtree(path, ignore_errors=True)
-    return None
-
-
 def load_encoder(spec, data_dir):
     """backbone.load_encoder (also builds the project vocab when needed); an unreadable checkpoint is one
     line naming it, not a traceback."""
@@ -242,7 +225,7 @@ def run_fold(k, cfg, spec, data_dir, fit_df, valid_df, dev_df, dev_features, fas
     from mrc import metric, postprocess
     from mrc.distributed import barrier, is_main_process
     from mrc.features import build_features
-    from mrc.callbacks import TimeBudget
+    from mrc.callbacks import TimeBudget, last_complete_checkpoint
     from mrc.finetune import (FeatureDataset, InferenceReserve, LengthBucketBatchSampler, MRCTrainer, SamplerEpoch, collate,
                               predict_logits, save_state_atomic, score_examples)
     from mrc.io_utils import set_all_seeds

@@ -130,3 +130,14 @@ def test_bad_flags_exit_2(capsys):
     with pytest.raises(SystemExit) as err:
         pretrain.parse_args(["--recipe", "gpt"])
     assert err.value.code == 2
+
+
+def test_recipe_settings_per_profile_override_the_profile_and_flags_override_both():
+    def lr(*flags):
+        cfg = pretrain.resolve_config(pretrain.parse_args(list(flags)))
+        return cfg["learning_rate"], cfg["warmup_ratio"]
+
+    assert lr("--recipe", "albert", "--profile", "cpu") == (3.0e-4, 0.1)  # configs/pretrain.yaml recipes.albert.profiles.cpu
+    assert lr("--recipe", "bert", "--profile", "cpu") == (1.0e-3, 0.05)  # the profile's own
+    assert lr("--recipe", "albert", "--profile", "tiny") == (1.0e-3, 0.0)
+    assert lr("--recipe", "albert", "--profile", "cpu", "--learning_rate", "1e-4", "--warmup_ratio", "0") == (1e-4, 0.0)

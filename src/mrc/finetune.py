@@ -6,7 +6,8 @@
 - `predict_logits(model, features)`: the npz logits dict of mrc.postprocess (length-sorted batches,
   put back in feature order).
 - `MRCTrainer`: evaluates with the official metric (threshold tuned on the eval questions) and
-  selects checkpoints on it, and stops the run on a NaN/inf loss (mrc.callbacks.check_finite_loss).
+  selects checkpoints on it, and stops the run on a NaN/inf loss (mrc.callbacks.check_finite_loss);
+  its checkpoints are marked complete (mrc.callbacks.CompleteCheckpoints).
 - `InferenceReserve`: the time a fold keeps after training for its out-of-fold and dev passes, for
   mrc.callbacks.TimeBudget (which stops training at the wall-clock deadline, on every rank at once).
 Data-parallel: every rank computes the same global batches and takes its share (mrc.distributed).
@@ -24,11 +25,9 @@ from paddlenlp.data import Pad
 from paddlenlp.trainer import Trainer, TrainerCallback
 
 from . import metric, postprocess
-from .callbacks import check_finite_loss
+from .callbacks import CHECKPOINT_DONE, CompleteCheckpoints, check_finite_loss  # noqa: F401  (CHECKPOINT_DONE: re-exported)
 from .distributed import shard_batches, world_info
 from .features import Features
-
-CHECKPOINT_DONE = "checkpoint.done"  # written into checkpoint-<step>/ once paddlenlp has saved everything there
 
 
 class FeatureDataset(paddle.io.Dataset):
@@ -165,7 +164,7 @@ def score_examples(logits: dict, df, post_cfg: dict) -> dict:
                                       max_answer_chars=post_cfg.get("max_answer_chars"))
 
 
-class MRCTrainer(Trainer):
+class MRCTrainer(CompleteCheckpoints, Trainer):
     """Trainer whose evaluation is the official metric on the held-out questions of the fold.
 
     eval_f1: official F1 with the no-answer threshold tuned on these questions (what the fold can
@@ -181,21 +180,6 @@ class MRCTrainer(Trainer):
 
     def _get_train_sampler(self):
         return self.train_sampler
-
-    def _save_checkpoint(self, model, metrics=None):
-        super()._save_checkpoint(model, metrics=metrics)
-        # paddlenlp writes the checkpoint's files in place: mark it complete, so a run killed while
-        # saving resumes from the previous one (train.last_complete_checkpoint)
-        if self.args.should_save:
-            from .io_utils import atomic_write_text
-
-            atomic_write_text(os.path.join(self.args.output_dir, f"checkpoint-{self.state.global_step}", CHECKPOINT_DONE),
-                              f"{self.state.global_step}\n")
-        # paddlenlp 2.8.1 rotates (save_total_limit) only when local_rank == 0, which a single CPU
-        # process (-1) never is: rotate here; the best checkpoint is kept by _sorted_checkpoints
-        # (data-parallel: local_rank >= 0, paddlenlp rotates on local rank 0 and the others must not)
-        if self.args.local_rank < 0:
-            self._rotate_checkpoints(use_mtime=False, output_dir=self.args.output_dir)
 
     def compute_loss(self, model, inputs, return_outputs=False):
         outputs = model(**inputs)
