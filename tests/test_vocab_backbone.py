@@ -81,3 +81,17 @@ def test_unknown_model_and_missing_checkpoint_are_one_line_errors(name, fragment
         resolve_backbone(name, outputs_dir=tmp_path)
     with pytest.raises(MRCError, match="no config.json"):
         resolve_backbone(str(tmp_path), outputs_dir=tmp_path)
+
+
+def test_vocab_is_the_same_file_in_every_process(tmp_path):
+    import subprocess
+    import sys
+
+    from conftest import ROOT
+
+    code = ("import sys; sys.path.insert(0, 'src'); from mrc.vocab import build_vocab; "
+            f"build_vocab({TEXTS * 3 + ['hello world 2024 hello world 2024 iphone iphone']!r}, sys.argv[1])")
+    for name in ("a", "b"):
+        subprocess.run([sys.executable, "-c", code, str(tmp_path / name)], cwd=ROOT, check=True, capture_output=True, timeout=120)
+    assert (tmp_path / "a" / "vocab.txt").read_bytes() == (tmp_path / "b" / "vocab.txt").read_bytes()
+    assert "hello" in (tmp_path / "a" / "vocab.txt").read_text(encoding="utf-8").split()

@@ -21,36 +21,40 @@ SPECIAL_TOKENS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
 
 def build_vocab(texts: Iterable[str], out_dir, min_count: int = 1, max_size: int | None = None,
                 wordpieces: int = 3000) -> Path:
-    """Train a Chinese WordPiece vocab on `texts`; save vocab.txt + tokenizer config in `out_dir`.
+    """Build a Chinese WordPiece vocab from `texts`; save vocab.txt + tokenizer config in `out_dir`.
 
-    Every character seen at least `min_count` times is kept (so no CJK character of the text is [UNK]);
-    `wordpieces` more entries go to multi-character latin/digit pieces; `max_size` caps the total.
+    Entries: the special tokens; every character seen at least `min_count` times (so no CJK character of
+    the text is [UNK]); the '##' form of every non-CJK character (CJK characters always stand alone);
+    then up to `wordpieces` frequent multi-character latin/digit words, each also as a '##' continuation.
+    Deterministic: the same texts give the same file (HF's WordPiece trainer breaks ties differently
+    from one process to the next). `max_size` caps the total.
     """
     from collections import Counter
 
-    from tokenizers import BertWordPieceTokenizer
     from tokenizers.normalizers import BertNormalizer
 
     texts = list(texts)
     if not texts:
         raise MRCError(f"{out_dir}: cannot build a vocab from no text")
     normalizer = BertNormalizer(clean_text=True, handle_chinese_chars=True, strip_accents=None, lowercase=True)
-    chars = Counter()
+    pre_tokenizer = _pre_tokenizer()
+    chars, words = Counter(), Counter()
     for text in texts:
-        chars.update(normalizer.normalize_str(text))
+        normalized = normalizer.normalize_str(text)
+        chars.update(normalized)
+        words.update(w for w, _ in pre_tokenizer.pre_tokenize_str(normalized) if len(w) > 1)
     alphabet = sorted(ch for ch, n in chars.items() if n >= min_count and not ch.isspace())
-    vocab_size = len(SPECIAL_TOKENS) + 2 * len(alphabet) + wordpieces  # chars, their ## forms, pieces
-    if max_size:
-        vocab_size = min(vocab_size, max_size)
-    trainer_tok = BertWordPieceTokenizer(clean_text=True, handle_chinese_chars=True, strip_accents=None, lowercase=True)
-    trainer_tok.train_from_iterator(
-        texts, vocab_size=vocab_size, min_frequency=max(min_count, 2), special_tokens=SPECIAL_TOKENS,
-        limit_alphabet=len(alphabet), initial_alphabet=alphabet, wordpieces_prefix="##", show_progress=False,
-    )
-    vocab = trainer_tok.get_vocab()
-    ordered = sorted(vocab, key=vocab.get)
-    # the trainer adds '##' forms of every character; CJK characters always stand alone, so drop theirs
-    ordered = [t for t in ordered if not (t.startswith("##") and len(t) == 3 and _is_cjk(t[2]))]
+    continuations = ["##" + ch for ch in alphabet if not _is_cjk(ch)]
+    frequent = [w for w, n in sorted(words.items(), key=lambda kv: (-kv[1], kv[0])) if n >= max(min_count, 2)]
+    frequent = frequent[:wordpieces // 2]
+    ordered = SPECIAL_TOKENS + alphabet + continuations
+    ordered += [w for w in frequent] + ["##" + w for w in frequent]
+    seen, unique = set(), []
+    for token in ordered:
+        if token not in seen:
+            seen.add(token)
+            unique.append(token)
+    ordered = unique[:max_size] if max_size else unique
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     from .io_utils import atomic_write_text
@@ -61,6 +65,17 @@ def build_vocab(texts: Iterable[str], out_dir, min_count: int = 1, max_size: int
     BertTokenizer(str(out_dir / "vocab.txt"), do_lower_case=True).save_pretrained(str(out_dir))
     log.info("vocab: %d entries (%d characters) from %d texts -> %s", len(ordered), len(alphabet), len(texts), out_dir)
     return out_dir
+
+
+def _pre_tokenizer():
+    """BERT's pre-tokenisation as paddlenlp does it: split on whitespace and punctuation, and also
+    isolate symbols (Unicode S*, e.g. '～', and a few code points paddlenlp lists)."""
+    from tokenizers import Regex, pre_tokenizers
+
+    return pre_tokenizers.Sequence([
+        pre_tokenizers.BertPreTokenizer(),
+        pre_tokenizers.Split(Regex(r"[\p{S}\x{AD}\x{B2}\x{BA}\x{3007}\x{B5}\x{D8}\x{14B}\x{1B1}]"), "isolated"),
+    ])
 
 
 def _is_cjk(ch: str) -> bool:
@@ -94,7 +109,7 @@ def _wordpiece_vocab(tokenizer) -> dict:
 
 def fast_tokenizer(paddle_tokenizer):
     """HF Rust WordPiece tokenizer equivalent to a paddlenlp Bert/Ernie-style tokenizer (same vocab.txt)."""
-    from tokenizers import BertWordPieceTokenizer, Regex, pre_tokenizers
+    from tokenizers import BertWordPieceTokenizer
 
     lowercase = bool(getattr(paddle_tokenizer, "do_lower_case", True))
     fast = BertWordPieceTokenizer(
@@ -103,11 +118,7 @@ def fast_tokenizer(paddle_tokenizer):
         clean_text=True, handle_chinese_chars=True, strip_accents=None, lowercase=lowercase, wordpieces_prefix="##",
     )
     tokenizer = fast._tokenizer  # the plain tokenizers.Tokenizer (encode / encode_batch with offsets)
-    # paddlenlp's basic tokenizer also isolates symbols (Unicode S*, e.g. '～', and a few code points)
-    tokenizer.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.BertPreTokenizer(),
-        pre_tokenizers.Split(Regex(r"[\p{S}\x{AD}\x{B2}\x{BA}\x{3007}\x{B5}\x{D8}\x{14B}\x{1B1}]"), "isolated"),
-    ])
+    tokenizer.pre_tokenizer = _pre_tokenizer()  # paddlenlp also isolates symbols such as '～'
     return tokenizer
 
 
