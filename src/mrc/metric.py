@@ -23,7 +23,8 @@ CHECKLIST_CATEGORIES = ("vocab", "phrase", "semantic-role", "fault-tolerant", "r
 CATEGORIES = ("in-domain",) + CHECKLIST_CATEGORIES
 
 
-def _is_cjk(cp: int) -> bool:
+def is_cjk(cp: int) -> bool:
+    """The official script's CJK code point ranges (also the vocab's notion of a CJK character)."""
     return (0x4E00 <= cp <= 0x9FFF or 0x3400 <= cp <= 0x4DBF or 0x20000 <= cp <= 0x2A6DF
             or 0x2A700 <= cp <= 0x2B73F or 0x2B740 <= cp <= 0x2B81F or 0x2B820 <= cp <= 0x2CEAF
             or 0xF900 <= cp <= 0xFAFF or 0x2F800 <= cp <= 0x2FA1F)
@@ -36,7 +37,7 @@ def normalize(text: str) -> str:
 def tokenize(text: str) -> list[str]:
     tokens, run = [], ""
     for ch in text:
-        if _is_cjk(ord(ch)) or ch == "=":
+        if is_cjk(ord(ch)) or ch == "=":
             if run:
                 tokens.append(run)
                 run = ""

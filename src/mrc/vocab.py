@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Iterable
 
 from .errors import MRCError
+from .metric import is_cjk
 
 log = logging.getLogger("mrc.vocab")
 
@@ -44,7 +45,7 @@ def build_vocab(texts: Iterable[str], out_dir, min_count: int = 1, max_size: int
         chars.update(normalized)
         words.update(w for w, _ in pre_tokenizer.pre_tokenize_str(normalized) if len(w) > 1)
     alphabet = sorted(ch for ch, n in chars.items() if n >= min_count and not ch.isspace())
-    continuations = ["##" + ch for ch in alphabet if not _is_cjk(ch)]
+    continuations = ["##" + ch for ch in alphabet if not is_cjk(ord(ch))]
     frequent = [w for w, n in sorted(words.items(), key=lambda kv: (-kv[1], kv[0])) if n >= max(min_count, 2)]
     frequent = frequent[:wordpieces // 2]
     ordered = SPECIAL_TOKENS + alphabet + continuations
@@ -76,12 +77,6 @@ def _pre_tokenizer():
         pre_tokenizers.BertPreTokenizer(),
         pre_tokenizers.Split(Regex(r"[\p{S}\x{AD}\x{B2}\x{BA}\x{3007}\x{B5}\x{D8}\x{14B}\x{1B1}]"), "isolated"),
     ])
-
-
-def _is_cjk(ch: str) -> bool:
-    cp = ord(ch)
-    return (0x4E00 <= cp <= 0x9FFF or 0x3400 <= cp <= 0x4DBF or 0x20000 <= cp <= 0x2A6DF or 0x2A700 <= cp <= 0x2CEAF
-            or 0xF900 <= cp <= 0xFAFF or 0x2F800 <= cp <= 0x2FA1F)
 
 
 def load_tokenizer(name_or_dir):
