@@ -78,6 +78,7 @@ def resolve_input(text: str, data_dir) -> Path:
 def load_member(exp: str, out_root: Path) -> dict:
     """An experiment's records and its folds' OOF logits; a clear error when training has not finished."""
     from mrc import postprocess
+    from mrc.folds import trained_folds
 
     exp_dir = out_root / exp
     for needed in ("train_info.json", "threshold.json", "cv.json"):
@@ -85,8 +86,8 @@ def load_member(exp: str, out_root: Path) -> dict:
             raise MRCError(f"{exp_dir}: no {needed}; finish training first (bash run.sh train --exp {exp})")
     info = read_json(exp_dir / "train_info.json")
     config = yaml.safe_load((exp_dir / "config.yaml").read_text(encoding="utf-8")) if (exp_dir / "config.yaml").is_file() else {}
-    folds = int(info["folds"])
-    oof = [postprocess.load_logits(exp_dir / f"fold{k}" / "oof.npz") for k in range(folds)]
+    folds = trained_folds(info)
+    oof = [postprocess.load_logits(exp_dir / f"fold{k}" / "oof.npz") for k in folds]
     return {"name": exp, "dir": exp_dir, "info": info, "config": config or {}, "threshold": read_json(exp_dir / "threshold.json"),
             "cv": read_json(exp_dir / "cv.json"), "oof": oof, "folds": folds}
 
@@ -114,11 +115,11 @@ def member_test_logits(member: dict, df, input_path: Path, data_dir, batch_size:
     from mrc import data, postprocess
     from mrc.ensemble import fold_average
 
-    exp_dir, folds, names = member["dir"], member["folds"], [f"{member['name']}/fold{k}" for k in range(member["folds"])]
+    exp_dir, folds, names = member["dir"], member["folds"], [f"{member['name']}/fold{k}" for k in member["folds"]]
     ids = set(df["id"].astype(str))
     dev_source = member["config"].get("dev_source", "checklist_dev")
     dev_path = data.source_path(dev_source, data_dir) if dev_source in data.SOURCES else None
-    dev_files = [exp_dir / f"fold{k}" / "dev.npz" for k in range(folds)]
+    dev_files = [exp_dir / f"fold{k}" / "dev.npz" for k in folds]
     if dev_path is not None and dev_path.is_file() and input_path.samefile(dev_path) and all(f.is_file() for f in dev_files):
         fold_logits = [postprocess.load_logits(f) for f in dev_files]
         prefix = f"{dev_source}:"
@@ -137,13 +138,13 @@ def run_fold_models(member: dict, df, batch_size: int) -> dict:
     from predict import fold_logits
 
     exp_dir = member["dir"]
-    for k in range(member["folds"]):  # before the slow imports: a clear line when a model is missing
+    for k in member["folds"]:  # before the slow imports: a clear line when a model is missing
         model_dir = exp_dir / f"fold{k}" / "model"
         if not (model_dir / "model_state.pdparams").is_file():
             raise MRCError(f"{model_dir}: fold model missing, needed to answer {len(df)} questions the folds' dev.npz "
                            f"do not cover")
     logits = fold_logits(exp_dir, member["info"], df, batch_size, label=f"{member['name']} ")
-    return fold_average(logits, [f"{member['name']}/fold{k}" for k in range(member["folds"])])
+    return fold_average(logits, [f"{member['name']}/fold{k}" for k in member["folds"]])
 
 
 # ---------------------------------------------------------------- main
@@ -158,7 +159,7 @@ def main(argv=None):
     out_root = _abs(args.output_dir or defaults["output_dir"])
     data_dir = args.data_dir or defaults.get("data_dir")
 
-    from mrc import data, ensemble, metric, postprocess
+    from mrc import answerability, data, ensemble, metric, postprocess
     from predict import check_complete
 
     input_path = resolve_input(args.input, data_dir)
@@ -168,7 +169,7 @@ def main(argv=None):
     weights = ensemble.normalize_weights(args.weights, len(members), names) if args.weights else None
     fusion = ensemble.resolve_fusion(args.fusion, [m["oof"][0] for m in members])
     post = members[0]["info"]["post"]
-    modes = members[0]["config"].get("threshold_modes") or list(postprocess.MODES)
+    modes = members[0]["config"].get("threshold_modes") or list(postprocess.MODEL_MODES)
 
     # 1. tune on out-of-fold predictions only
     oof_ids = sorted({str(i) for lg in members[0]["oof"] for i in lg["example_id"]})
@@ -177,10 +178,10 @@ def main(argv=None):
     contexts = dict(zip(oof_df["id"].astype(str), oof_df["context"]))
     log.info("tuning %s on %d out-of-fold questions (%s fusion, %s)", "the threshold" if weights or len(members) == 1
              else "weights and threshold", len(oof_gold), fusion, f"weights {weights}" if weights else f"grid step {args.weight_step}")
+    oof_hand = answerability.hand_feature_table(oof_df) if "stack" in modes else None
     tuned = ensemble.tune_on_oof([m["oof"] for m in members], oof_gold, contexts, post, fusion, modes, weights,
-                                 args.weight_step, names, log=log)
-    oof_pred = postprocess.decide(ensemble.oof_scores([m["oof"] for m in members], tuned["weights"], contexts, post, fusion, names),
-                                  tuned["threshold"], tuned["mode"])
+                                 args.weight_step, names, log=log, hand=oof_hand, seed=int(defaults.get("seed", 42)))
+    oof_pred = postprocess.decide(tuned.pop("scores"), tuned["threshold"], tuned["mode"])
     cv = metric.evaluate(oof_gold, oof_pred)
     cv_no_answer = metric.evaluate(oof_gold, {i: metric.NO_ANSWER for i in oof_gold})
     log.info("ensemble OOF F1 %.3f EM %.3f with weights %s (%s >= %.4g); 'no answer' everywhere F1 %.3f",
@@ -205,6 +206,8 @@ def main(argv=None):
     test_contexts = dict(zip(df["id"].astype(str), df["context"]))
     scores = ensemble.fuse_scores(test_logits, [tuned["weights"][i] for i in active], test_contexts, post, fusion,
                                   [names[i] for i in active])
+    if tuned["stacker"] is not None:
+        answerability.apply_stacker(scores, answerability.hand_feature_table(df), tuned["stacker"])
     predictions = postprocess.decide(scores, tuned["threshold"], tuned["mode"])
     predictions = {i: predictions[i] for i in gold if i in predictions}
     check_complete(predictions, list(gold), str(input_path))
@@ -219,7 +222,7 @@ def main(argv=None):
     result = {
         "name": args.name, "fusion": fusion, "members": names, "weights": tuned["weights"],
         "weights_tuned": weights is None and len(members) > 1, "weight_grid": tuned["grid"],
-        "threshold": {"mode": tuned["mode"], "threshold": tuned["threshold"], "tuned_on": "out-of-fold"},
+        "threshold": {"mode": tuned["mode"], "threshold": tuned["threshold"], "tuned_on": "out-of-fold", "stacker": tuned["stacker"]},
         "cv": _short(cv), "cv_all_no_answer": _short(cv_no_answer),
         "member_cv": {m["name"]: m["cv"].get("cv") for m in members}, "member_dev": {m["name"]: m["cv"].get("dev") for m in members},
         "input": str(input_path), "test_logits": dict(zip(names, origins)),

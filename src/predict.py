@@ -75,11 +75,13 @@ def fold_logits(exp_dir: Path, info: dict, df, batch_size: int, label: str = "")
 
     feat = info["features"]
     fast = fast_tokenizer(load_tokenizer(str(exp_dir / "tokenizer")))
-    features = build_features(df, fast, feat["max_len"], feat["stride"], feat["use_title"])
+    features = build_features(df, fast, feat["max_len"], feat["stride"], feat["use_title"], feat.get("match_types", False))
     if features.key != feat["feature_key"]:
         raise MRCError(f"{exp_dir}/tokenizer: feature key {features.key} differs from the trained one {feat['feature_key']}")
+    from mrc.folds import trained_folds
+
     logits = []
-    for k in range(int(info["folds"])):
+    for k in trained_folds(info):
         model = load_fold_model(exp_dir / f"fold{k}", info["backbone"]["arch"])
         logits.append(predict_logits(model, features, batch_size, desc=f"{label}fold {k}")[0])
     return logits
@@ -128,6 +130,10 @@ def main(argv=None):
     members = fold_logits(exp_dir, info, df, args.batch_size)
     logits = postprocess.average_logits(members, names=[f"fold{k}" for k in range(len(members))])
     scores = score_examples(logits, df, info["post"])
+    if threshold.get("stacker"):
+        from mrc import answerability
+
+        answerability.apply_stacker(scores, answerability.hand_feature_table(df), threshold["stacker"])
     predictions = postprocess.decide(scores, threshold["threshold"], threshold["mode"])
     check_complete(predictions, ids, args.input)
     if args.logits_out:

@@ -43,8 +43,19 @@ def build_parser():
     p.add_argument("--model", default=None, help="bert | ernie | roberta | albert | a hub name | a checkpoint dir (default: configs/train.yaml model)")
     p.add_argument("--profile", default="cpu", choices=["tiny", "cpu", "full"], help="size profile (configs/train.yaml); default cpu")
     p.add_argument("--folds", type=int, default=None, help="number of folds (default: the profile's)")
+    p.add_argument("--train_folds", type=int, default=None, help="train only the first N of the folds (default: all)")
     p.add_argument("--exp", default=None, help="experiment name: outputs/<exp>/ (default <model>_<profile>)")
     p.add_argument("--use_title", type=parse_bool, default=None, help="put the title after the question: true|false")
+    p.add_argument("--match_types", type=parse_bool, default=None, help="DrQA exact-match token types (mrc.features): true|false")
+    p.add_argument("--offline_size", default=None, help="random-init size from configs/models/offline_sizes.yaml (default: the profile's)")
+    p.add_argument("--own_pretrain", type=parse_bool, default=None, help="use outputs/pretrain/<recipe> when no hub: true|false (default true)")
+    p.add_argument("--learning_rate", type=float, default=None, help="peak learning rate (default: the profile's)")
+    p.add_argument("--max_len", type=int, default=None, help="tokens per window (default: the profile's)")
+    p.add_argument("--unanswerable_share", type=float, default=None, help="share of unanswerable questions in the training sample (default: as drawn)")
+    p.add_argument("--repeat", nargs="*", default=None, metavar="SOURCE=TIMES",
+                   help="repeat a source's questions in each fold's training set, e.g. checklist_demo=10")
+    p.add_argument("--negative_windows", type=float, default=None,
+                   help="share of answer-less training windows of answerable questions kept (default: the profile's, else 1)")
     p.add_argument("--max_minutes", type=float, default=None, help="wall-clock budget for the whole run (folds share it)")
     p.add_argument("--max_questions", type=int, default=None, help="cap on training questions (default: the profile's)")
     p.add_argument("--epochs", type=float, default=None, help="epochs per fold (default: the profile's)")
@@ -56,16 +67,36 @@ def build_parser():
     return p
 
 
+def parse_repeats(items) -> dict:
+    from mrc.data import SOURCES
+
+    out = {}
+    for item in items:
+        source, _, times = item.partition("=")
+        if source not in SOURCES or not times.isdigit() or int(times) < 1:
+            raise MRCError(f"--repeat {item}: expected SOURCE=TIMES with a known source and TIMES >= 1")
+        out[source] = int(times)
+    return out
+
+
 def resolve_config(args) -> dict:
     cfg = load_yaml_config("configs/default.yaml", args.config)
     profiles = cfg.pop("profiles", {})
     if args.profile not in profiles:
         raise MRCError(f"{args.config}: no profile '{args.profile}' (has {', '.join(profiles)})")
     cfg.update(profiles[args.profile])
-    overrides = {"model": args.model, "folds": args.folds, "use_title": args.use_title, "max_questions": args.max_questions,
+    overrides = {"model": args.model, "folds": args.folds, "train_folds": args.train_folds, "use_title": args.use_title, "match_types": args.match_types, "offline_size": args.offline_size,
+                 "own_pretrain": args.own_pretrain, "learning_rate": args.learning_rate, "max_len": args.max_len, "unanswerable_share": args.unanswerable_share,
+                 "negative_windows": args.negative_windows, "max_questions": args.max_questions,
                  "epochs": args.epochs, "output_dir": args.output_dir, "data_dir": args.data_dir, "seed": args.seed,
                  "max_minutes": args.max_minutes}
     cfg.update({k: v for k, v in overrides.items() if v is not None})
+    if args.repeat is not None:
+        cfg["repeat_sources"] = parse_repeats(args.repeat)
+    if cfg.get("unanswerable_share") is not None and not 0 <= float(cfg["unanswerable_share"]) <= 1:
+        raise MRCError(f"--unanswerable_share {cfg['unanswerable_share']}: must be between 0 and 1")
+    if cfg.get("train_folds") and not 1 <= int(cfg["train_folds"]) <= int(cfg["folds"]):
+        raise MRCError(f"--train_folds {cfg['train_folds']}: must be between 1 and the number of folds ({cfg['folds']})")
     cfg["profile"] = args.profile
     cfg["precision"] = precision_kwargs(args)
     cfg["exp"] = args.exp or f"{re.sub(r'[^A-Za-z0-9_.-]+', '_', Path(str(cfg['model'])).name)}_{args.profile}"
@@ -76,17 +107,64 @@ def resolve_config(args) -> dict:
     return cfg
 
 
-def select_questions(df, max_questions, seed):
-    """Every DuReader-checklist demo question (the target task), then a seeded random sample of the rest."""
+def select_questions(df, max_questions, seed, unanswerable_share=None):
+    """Every DuReader-checklist demo question (the target task), then a seeded random sample of the rest;
+    with `unanswerable_share`, the sample is drawn so that this share of all picked questions is
+    unanswerable (DuReader-checklist: about half; the training sets together: about a quarter)."""
     from mrc.data import labelled
 
     df = labelled(df).reset_index(drop=True)
     if not max_questions or len(df) <= max_questions:
-        return df
+        if unanswerable_share is None:
+            return df
+        max_questions = len(df)
+    rng = random.Random(seed)
     target = df.index[df["source"] == "checklist_demo"].tolist()[:max_questions]
     rest = [i for i in df.index if df.at[i, "source"] != "checklist_demo"]
-    picked = target + random.Random(seed).sample(rest, max_questions - len(target))
+    n_rest = max_questions - len(target)
+    if unanswerable_share is None:
+        picked = target + rng.sample(rest, n_rest)
+    else:
+        impossible = df["is_impossible"].astype(bool)
+        pools = [[i for i in rest if impossible[i]], [i for i in rest if not impossible[i]]]
+        target_u = int(impossible[target].sum())
+        total_u = min(round(unanswerable_share * max_questions), len(pools[0]) + target_u)
+        # too few unanswerable questions for the share: fewer answerable ones too, so the share holds
+        total = max_questions if unanswerable_share == 0 else min(max_questions, round(total_u / unanswerable_share))
+        n_unanswerable = min(max(0, total_u - target_u), n_rest)
+        n_answerable = min(max(0, total - len(target) - n_unanswerable), len(pools[1]))
+        picked = target + rng.sample(pools[0], n_unanswerable) + rng.sample(pools[1], n_answerable)
     return df.loc[sorted(picked)].reset_index(drop=True)
+
+
+def repeat_sources(df, repeats: dict):
+    """The fold's training questions with those of the given sources repeated (source -> times): the
+    target task's own 100 demo questions are the only ones with its long, early answers. Held-out and
+    out-of-fold questions are never repeated."""
+    import pandas as pd
+
+    extra = [df[df["source"] == source] for source, times in repeats.items() for _ in range(int(times) - 1)]
+    return pd.concat([df, *extra], ignore_index=True) if extra else df
+
+
+def keep_negative_windows(features, share: float, seed: int):
+    """Training windows: every window that holds its answer, every unanswerable question's first window,
+    and a seeded `share` of the other answer-less windows. Long passages (CAIL, CMRC, DRCD) give 2-4
+    windows a question, most of them pointing at [CLS]; the span head learns from the answer windows,
+    so on a CPU budget these are worth more steps. share=1 keeps everything."""
+    if share >= 1.0:
+        return features
+    rng = random.Random(seed)
+    answerable_questions = {q for q, a in zip(features.example_id, features.answerable) if a}
+    keep, seen = [], set()
+    for i, (qid, row, has_answer) in enumerate(zip(features.example_id, features.example_index, features.answerable)):
+        first = row not in seen  # by table row: a repeated question (repeat_sources) keeps one window per copy
+        seen.add(row)
+        if has_answer or (first and qid not in answerable_questions) or rng.random() < share:
+            keep.append(i)
+    log.info("training windows: kept %d of %d (every answer window, unanswerable questions' first, %.0f%% of the "
+             "other answer-less ones)", len(keep), len(features), 100 * share)
+    return features.subset(keep)
 
 
 def cap(df, n, seed):
@@ -112,10 +190,12 @@ def main(argv=None):
     set_all_seeds(seed)
     out_root = Path(cfg["output_dir"])
     exp_dir = out_root / cfg["exp"]
-    spec = backbone.resolve_backbone(cfg["model"], cfg["profile"], outputs_dir=out_root)
+    spec = backbone.resolve_backbone(cfg["model"], cfg["profile"], outputs_dir=out_root, size=cfg.get("offline_size"),
+                                     own_pretrain=bool(cfg.get("own_pretrain", True)))
     log.info(spec.describe())
     data_dir = data.resolve_data_dir(cfg.get("data_dir"))
-    train_df = select_questions(data.load_sources(cfg["train_sources"], data_dir), cfg.get("max_questions"), seed)
+    train_df = select_questions(data.load_sources(cfg["train_sources"], data_dir), cfg.get("max_questions"), seed,
+                                cfg.get("unanswerable_share"))
     dev_df = cap(data.labelled(data.load_sources([cfg["dev_source"]], data_dir)), cfg.get("dev_max_questions"), seed)
     log.info("training questions: %d (%d unanswerable) from %s; dev (%s): %d", len(train_df), int(train_df["is_impossible"].sum()),
              dict(train_df["source"].value_counts()), cfg["dev_source"], len(dev_df))
@@ -123,15 +203,18 @@ def main(argv=None):
         folds = load_or_make_folds(train_df, out_root / cfg["folds_file"], int(cfg["folds"]), seed)
         _, tokenizer = load_encoder(spec, data_dir)
     fast = fast_tokenizer(tokenizer)
-    feat_args = dict(max_len=int(cfg["max_len"]), stride=int(cfg["stride"]), use_title=bool(cfg["use_title"]))
+    feat_args = dict(max_len=int(cfg["max_len"]), stride=int(cfg["stride"]), use_title=bool(cfg["use_title"]),
+                     match_types=bool(cfg.get("match_types", False)))
     dev_features = build_features(dev_df, fast, **feat_args)
     info = {"model": cfg["model"], "backbone": {"kind": spec.kind, "arch": spec.arch, "source": spec.source, "reason": spec.reason},
             "features": {**feat_args, "feature_key": dev_features.key}, "post": cfg["post"], "folds": int(cfg["folds"]),
+            "trained_folds": list(range(int(cfg.get("train_folds") or cfg["folds"]))),
             "profile": cfg["profile"], "train_questions": len(train_df), "dev_questions": len(dev_df)}
     old_info = exp_dir / "train_info.json"
     if old_info.exists():
         old = json.loads(old_info.read_text(encoding="utf-8"))
-        if old.get("features") != info["features"] or old.get("folds") != info["folds"] or old.get("backbone", {}).get("arch") != spec.arch:
+        if (old.get("features") != info["features"] or old.get("folds") != info["folds"]
+                or old.get("trained_folds", info["trained_folds"]) != info["trained_folds"]) or old.get("backbone", {}).get("arch") != spec.arch:
             raise MRCError(f"{old_info}: outputs/{cfg['exp']} was made with other settings ({old.get('features')}, "
                            f"{old.get('folds')} folds); use another --exp or delete the directory")
     if is_main_process():
@@ -140,10 +223,10 @@ def main(argv=None):
         write_run_info(exp_dir, cfg, seed)
 
     gold_train, gold_dev = metric.gold_from_examples(train_df), metric.gold_from_examples(dev_df)
-    n_folds = int(cfg["folds"])
+    fold_ids = info["trained_folds"]
     fold_metrics = []
-    for k in range(n_folds):
-        remaining = None if deadline is None else (deadline - time.time()) / (n_folds - k)
+    for i, k in enumerate(fold_ids):
+        remaining = None if deadline is None else (deadline - time.time()) / (len(fold_ids) - i)
         fold_metrics.append(run_fold(k, cfg, spec, data_dir, train_df[folds != k].reset_index(drop=True),
                                      train_df[folds == k].reset_index(drop=True), dev_df, dev_features,
                                      fast, feat_args, exp_dir / f"fold{k}", remaining, seed))
@@ -155,19 +238,34 @@ def main(argv=None):
     from mrc.finetune import score_examples
 
     oof_scores = {}
-    for k in range(n_folds):
+    for k in fold_ids:
         oof_scores.update(score_examples(postprocess.load_logits(exp_dir / f"fold{k}" / "oof.npz"), train_df, cfg["post"]))
-    tuned = postprocess.tune_threshold(oof_scores, gold_train, cfg["threshold_modes"])
+    gold_train = {i: gold_train[i] for i in oof_scores}  # only the trained folds' questions have out-of-fold scores
+    stacker = None
+    if "stack" in cfg["threshold_modes"]:
+        from mrc import answerability
+
+        oof_df = train_df[train_df["id"].astype(str).isin(set(oof_scores))]
+        stacker = answerability.fit_stacker(oof_scores, answerability.hand_feature_table(oof_df), gold_train, seed)
+        if stacker is not None:
+            log.info("stacked no-answer decision: fitted on %d out-of-fold questions; largest weights %s",
+                     stacker["questions"], answerability.describe(stacker))
+    modes = [m for m in cfg["threshold_modes"] if m != "stack" or stacker is not None]
+    tuned = postprocess.tune_threshold(oof_scores, gold_train, modes)
     threshold = {"mode": tuned["mode"], "threshold": tuned["threshold"], "tuned_on": "out-of-fold", "oof_F1": tuned["F1"],
-                 "oof_EM": tuned["EM"], "questions": tuned["total"], "feature_key": dev_features.key}
+                 "oof_EM": tuned["EM"], "questions": tuned["total"], "feature_key": dev_features.key, "stacker": stacker}
     atomic_write_json(exp_dir / "threshold.json", threshold)
-    dev_logits = postprocess.average_logits([postprocess.load_logits(exp_dir / f"fold{k}" / "dev.npz") for k in range(n_folds)])
-    dev_pred = postprocess.decide(score_examples(dev_logits, dev_df, cfg["post"]), tuned["threshold"], tuned["mode"])
+    dev_logits = postprocess.average_logits([postprocess.load_logits(exp_dir / f"fold{k}" / "dev.npz") for k in fold_ids])
+    dev_scores = score_examples(dev_logits, dev_df, cfg["post"])
+    if stacker is not None:
+        answerability.apply_stacker(dev_scores, answerability.hand_feature_table(dev_df), stacker)
+    dev_pred = postprocess.decide(dev_scores, tuned["threshold"], tuned["mode"])
     atomic_write_json(exp_dir / "dev_predictions.json", dev_pred)
     no_answer = lambda gold: metric.evaluate(gold, {i: metric.NO_ANSWER for i in gold})  # noqa: E731
     oof_pred = postprocess.decide(oof_scores, tuned["threshold"], tuned["mode"])
     cv = {"cv": _short(metric.evaluate(gold_train, oof_pred)), "cv_all_no_answer": _short(no_answer(gold_train)),
           "dev": _short(metric.evaluate(gold_dev, dev_pred)), "dev_all_no_answer": _short(no_answer(gold_dev)),
+          "cv_diagnostics": postprocess.diagnostics(oof_scores, gold_train), "dev_diagnostics": postprocess.diagnostics(dev_scores, gold_dev),
           "threshold": threshold, "folds": fold_metrics, "backbone": spec.describe(),
           "wall_seconds": round(time.time() - t_start, 1)}
     atomic_write_json(exp_dir / "cv.json", cv)
@@ -175,12 +273,20 @@ def main(argv=None):
     log.info("CV F1 %.3f EM %.3f (all 'no answer': %.3f) | dev F1 %.3f EM %.3f (all 'no answer': %.3f) | %s",
              cv["cv"]["F1"], cv["cv"]["EM"], cv["cv_all_no_answer"]["F1"], cv["dev"]["F1"], cv["dev"]["EM"],
              cv["dev_all_no_answer"]["F1"], exp_dir)
-    print(json.dumps({k: cv[k] for k in ("cv", "cv_all_no_answer", "dev", "dev_all_no_answer")}, ensure_ascii=False))
+    log.info("diagnostics: CV %s | dev %s", cv["cv_diagnostics"], cv["dev_diagnostics"])
+    print(json.dumps({k: cv[k] for k in ("cv", "cv_all_no_answer", "dev", "dev_all_no_answer", "cv_diagnostics", "dev_diagnostics")}, ensure_ascii=False))
     return 0
 
 
 def _short(result: dict) -> dict:
     return {k: (round(v, 3) if isinstance(v, float) else v) for k, v in result.items()}
+
+
+def model_modes(cfg) -> list[str]:
+    """The configured no-answer modes a single fold can tune (the stacker is fitted on all folds at the end)."""
+    from mrc.postprocess import MODEL_MODES
+
+    return [m for m in cfg["threshold_modes"] if m in MODEL_MODES] or list(MODEL_MODES)
 
 
 def aligned_logging_steps(logging_steps: int, eval_steps: int) -> int:
@@ -229,12 +335,14 @@ def run_fold(k, cfg, spec, data_dir, fit_df, valid_df, dev_df, dev_features, fas
     from mrc.finetune import (FeatureDataset, InferenceReserve, LengthBucketBatchSampler, MRCTrainer, SamplerEpoch, collate,
                               predict_logits, save_state_atomic, score_examples)
     from mrc.io_utils import set_all_seeds
-    from mrc.model import SpanAnswerableModel, count_parameters
+    from mrc.features import NUM_MATCH_TYPES
+    from mrc.model import SpanAnswerableModel, count_parameters, extend_token_types
 
     t0 = time.time()
     set_all_seeds(seed + k)
     fold_dir.mkdir(parents=True, exist_ok=True)
-    train_features = build_features(fit_df, fast, **feat_args)
+    fit_df = repeat_sources(fit_df, cfg.get("repeat_sources") or {})
+    train_features = keep_negative_windows(build_features(fit_df, fast, **feat_args), float(cfg.get("negative_windows", 1.0)), seed + k)
     valid_features = build_features(valid_df, fast, **feat_args)
     eval_df = valid_df
     if cfg.get("eval_max_questions") and len(valid_df) > cfg["eval_max_questions"]:
@@ -244,6 +352,8 @@ def run_fold(k, cfg, spec, data_dir, fit_df, valid_df, dev_df, dev_features, fas
              k, len(fit_df), len(train_features), len(valid_df), len(valid_features), len(eval_features))
 
     encoder, _ = load_encoder(spec, data_dir)
+    if feat_args["match_types"] and extend_token_types(encoder, NUM_MATCH_TYPES):
+        log.info("fold %d: token-type embedding extended to %d rows for the match types", k, NUM_MATCH_TYPES)
     model = SpanAnswerableModel(encoder, dropout=cfg["train"]["dropout"])
     log.info("fold %d: model %s, %d parameters", k, type(encoder).__name__, count_parameters(model))
     sampler = LengthBucketBatchSampler(train_features.lengths(), int(cfg["batch_size"]), seed=seed + k)
@@ -266,7 +376,7 @@ def run_fold(k, cfg, spec, data_dir, fit_df, valid_df, dev_df, dev_features, fas
     trainer = MRCTrainer(model=model, args=targs, train_dataset=FeatureDataset(train_features),
                          eval_dataset=FeatureDataset(eval_features), data_collator=collate,
                          callbacks=[SamplerEpoch(sampler), budget], train_sampler=sampler,
-                         eval_features=eval_features, eval_df=eval_df, post_cfg=cfg["post"], modes=cfg["threshold_modes"])
+                         eval_features=eval_features, eval_df=eval_df, post_cfg=cfg["post"], modes=model_modes(cfg))
     reserve.trainer = trainer
     last = last_complete_checkpoint(fold_dir, remove_incomplete=is_main_process())
     if last:
@@ -285,7 +395,7 @@ def run_fold(k, cfg, spec, data_dir, fit_df, valid_df, dev_df, dev_features, fas
         postprocess.save_logits(fold_dir / "dev.npz", dev_logits)
 
     oof_scores = score_examples(oof_logits, valid_df, cfg["post"])
-    tuned = postprocess.tune_threshold(oof_scores, metric.gold_from_examples(valid_df), cfg["threshold_modes"])
+    tuned = postprocess.tune_threshold(oof_scores, metric.gold_from_examples(valid_df), model_modes(cfg))
     dev_pred = postprocess.decide(score_examples(dev_logits, dev_df, cfg["post"]), tuned["threshold"], tuned["mode"])
     dev_result = metric.evaluate(metric.gold_from_examples(dev_df), dev_pred)
     log_history = [h for h in trainer.state.log_history if "loss" in h]

@@ -167,3 +167,18 @@ def test_two_cpu_processes_match_one_process_on_the_union_batch(tmp_path):
     assert (dist_out / "main_marker_rank0.json").exists() and not (dist_out / "main_marker_rank1.json").exists()
     assert (dist_out / "trainer_rank0" / f"checkpoint-{STEPS}" / "model_state.pdparams").exists()
     assert [p for p in (dist_out / "trainer_rank1").rglob("*") if p.is_file()] == []
+
+
+def test_barrier_waits_longer_than_gloos_30_seconds(tmp_path):
+    """A rank 35 s late at a barrier (gloo's own collectives time out after 30 s): the others wait for it."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "PYTHONWARNINGS": "ignore"}
+    for key in [k for k in env if k.startswith("PADDLE_")]:
+        del env[key]
+    logs = tmp_path / "logs"
+    run = subprocess.run([sys.executable, str(ROOT / "src" / "launch.py"), str(ROOT / "tests" / "barrier_worker.py"), "--nproc", "2",
+                          "--log_dir", str(logs), "--out", str(tmp_path / "out"), "--delay", "35"],
+                         cwd=ROOT, env=env, capture_output=True, text=True, timeout=240)
+    worker_logs = "".join(p.read_text(errors="replace")[-1500:] for p in sorted(logs.glob("workerlog.*")))
+    assert run.returncode == 0, run.stdout[-1500:] + worker_logs
+    times = [json.loads((tmp_path / "out" / f"rank{r}.json").read_text()) for r in range(2)]
+    assert times[1]["left"] >= times[0]["arrived"] - 0.5  # rank 1 left only once rank 0 had come

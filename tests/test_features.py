@@ -137,3 +137,57 @@ def _no_marks(text):
     import unicodedata
 
     return "".join(ch for ch in text if unicodedata.category(ch) != "Mn")
+
+
+def test_bigram_match_marks_shared_bigrams_only():
+    from mrc.features import bigram_match
+
+    # 北京大学创办于 shares bigrams with the other text; 哪一年 does not (年 only as "8年")
+    assert bigram_match("北京大学创办于哪一年", "北京大学创办于1898年").tolist() == [True] * 7 + [False] * 3
+    assert bigram_match("创于", "创办于").tolist() == [False, False]
+    assert bigram_match("", "abc").tolist() == [] and bigram_match("ab", "").tolist() == [False, False]
+
+
+def test_match_types_mark_question_words_in_the_passage_and_back(fast, examples):
+    from mrc.features import NUM_MATCH_TYPES
+
+    plain = build_features(examples, fast, 96, 32, use_title=True)
+    matched = build_features(examples, fast, 96, 32, use_title=True, match_types=True)
+    assert matched.key == plain.key + "|match=1"
+    for i in range(len(plain)):
+        p, m = plain.token_type_ids[i], matched.token_type_ids[i]
+        assert np.array_equal(plain.input_ids[i], matched.input_ids[i]) and m.max() < NUM_MATCH_TYPES
+        assert np.array_equal(p == 1, (m == 1) | (m == 2))  # passage tokens keep segment B
+        assert np.array_equal(p == 0, ~((m == 1) | (m == 2)))
+    vocab = {v: k for k, v in fast.get_vocab().items()}
+    first = matched.example_id.index("q5")  # "火星上有湖吗": only 湖 is in the passage, but no bigram through it
+    types, ids = matched.token_type_ids[first], matched.input_ids[first]
+    question = [vocab[t] for t in ids[1:7]]
+    assert question == list("火星上有湖吗") and set(types[1:7]) == {6}
+    assert vocab[ids[8]] + vocab[ids[9]] == "北京" and list(types[7:13]) == [0] * 6  # [SEP] + title 北京大学 + [SEP]
+    first = matched.example_id.index("q1")  # "北京大学创办于哪一年", title "北京大学"
+    types, ids = matched.token_type_ids[first], matched.input_ids[first]
+    passage = [(vocab[t], ty) for t, ty, off in zip(ids, types, matched.offsets[first]) if off[0] >= 0]
+    assert [ty for _, ty in passage[:7]] == [2] * 7 and passage[7][1] == 1  # "1898" follows: no match
+    # question: 北京大学 in passage and title (3), 创办于 in the passage only (4), 哪一年 nowhere (6); title all found (7)
+    assert list(types[1:11]) == [3] * 4 + [4] * 3 + [6] * 3 and list(types[11:17]) == [0, 7, 7, 7, 7, 0]
+
+
+def test_extend_token_types_keeps_old_rows_and_reloads(tmp_path, fast):
+    import paddle
+
+    from mrc.backbone import arch_classes
+    from mrc.model import extend_token_types
+
+    classes = arch_classes("ernie")
+    encoder = classes.model(classes.config(vocab_size=fast.get_vocab_size(), hidden_size=32, num_hidden_layers=1,
+                                           num_attention_heads=2, intermediate_size=64, type_vocab_size=2))
+    old = encoder.embeddings.token_type_embeddings.weight.numpy().copy()
+    assert extend_token_types(encoder, 8) and not extend_token_types(encoder, 8)
+    new = encoder.embeddings.token_type_embeddings.weight.numpy()
+    assert new.shape == (8, 32) and np.array_equal(new[:2], old) and all(np.array_equal(new[i], old[1]) for i in range(2, 8))
+    encoder.config.save_pretrained(str(tmp_path))
+    paddle.save(encoder.state_dict(), str(tmp_path / "w.pdparams"))
+    again = classes.model(classes.config.from_pretrained(str(tmp_path)))
+    again.set_state_dict(paddle.load(str(tmp_path / "w.pdparams")))
+    assert np.array_equal(again.embeddings.token_type_embeddings.weight.numpy(), new)

@@ -4,7 +4,7 @@ import itertools
 import numpy as np
 import pytest
 
-from mrc import metric
+from mrc import metric, postprocess
 from mrc.errors import MRCError
 from mrc.postprocess import (NO_ANSWER, PAD_LOGIT, average_logits, best_span, decide, example_scores, load_logits,
                              make_logits, save_logits, tune_threshold)
@@ -145,3 +145,18 @@ def test_all_pairs_cover_exhaustive_search():
         brute = max((start[i] + end[j], i, j) for i, j in itertools.product(range(3, width), repeat=2) if 0 <= j - i < 4)
         score, s, e = best_span(start, end, off, n_best=width, max_answer_tokens=4)
         assert score == pytest.approx(brute[0]) and (s, e) == (off[brute[1], 0], off[brute[2], 1])
+
+
+def test_rank_auc_matches_sklearn_with_ties_and_diagnostics():
+    from sklearn.metrics import roc_auc_score
+
+    rng = np.random.default_rng(0)
+    values, labels = rng.integers(0, 5, 200).astype(float), rng.random(200) < 0.4
+    assert abs(postprocess.rank_auc(values, labels) - roc_auc_score(labels, values)) < 1e-12
+    assert postprocess.rank_auc([1.0, 2.0], [True, True]) is None
+    gold = {"a": {"answers": ["1898年"], "is_impossible": False, "type": "in-domain"},
+            "b": {"answers": [], "is_impossible": True, "type": "in-domain"}}
+    scores = {"a": {"text": "1898", "score": 5.0, "start": 0, "null_score": 1.0, "p_answerable": 0.9},
+              "b": {"text": "北京", "score": 2.0, "start": 0, "null_score": 1.0, "p_answerable": 0.2}}
+    d = postprocess.diagnostics(scores, gold)
+    assert d["auc_prob"] == 1.0 and d["auc_null"] == 1.0 and 0 < d["answerable_span_F1"] < 100

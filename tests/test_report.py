@@ -1,6 +1,7 @@
 """Report: table (markdown + CSV) and chart from experiments' cv.json and ensembles' result.json."""
 import csv
 import json
+import os
 
 import pytest
 
@@ -90,10 +91,12 @@ FAKE_STAGE = r'''
 import json, os, sys
 from pathlib import Path
 argv = sys.argv[1:]
+stage, launched = Path(sys.argv[0]).stem, []
+if stage == "launch":  # launch.py STAGE --nproc N --log_dir DIR <stage flags>
+    stage, launched, argv = argv[0], ["@launch", argv[argv.index("--nproc") + 1]], argv[argv.index("--log_dir") + 2:]
 opt = lambda name, default=None: argv[argv.index(name) + 1] if name in argv else default
 with open(os.environ["CALLS"], "a") as f:
-    f.write(json.dumps([Path(sys.argv[0]).stem] + argv) + "\n")
-stage = Path(sys.argv[0]).stem
+    f.write(json.dumps([stage] + argv + launched) + "\n")
 if stage == "pretrain":
     Path(opt("--output")).mkdir(parents=True, exist_ok=True)
     (Path(opt("--output")) / "metrics.json").write_text("{}")
@@ -125,7 +128,7 @@ def fake_job(tmp_path, monkeypatch):
 
     src = tmp_path / "src"
     src.mkdir()
-    for stage in ("pretrain", "train", "ensemble", "report"):
+    for stage in ("pretrain", "train", "ensemble", "report", "launch"):
         (src / f"{stage}.py").write_text(FAKE_STAGE)
     monkeypatch.setattr(run_all, "SRC", src)
     calls = tmp_path / "calls.jsonl"
@@ -147,7 +150,7 @@ def fake_job(tmp_path, monkeypatch):
 
 def test_run_all_stages_budget_and_resume(fake_job, capsys):
     run, tmp = fake_job
-    code, calls = run()
+    code, calls = run("--models", "bert", "ernie", "roberta", "--pretrain_share", "0.25")
     assert code == 0
     assert [c[0] for c in calls] == ["pretrain"] * 3 + ["train"] * 3 + ["ensemble", "report"]
     assert [c[c.index("--recipe") + 1] for c in calls[:3]] == ["bert", "ernie", "roberta"]
@@ -161,11 +164,14 @@ def test_run_all_stages_budget_and_resume(fake_job, capsys):
     assert minutes[3] == pytest.approx(55.2 * (0.75 / 3) / 0.75, abs=0.05)
     assert minutes[5] == pytest.approx(55.2, abs=0.05)
     assert all("--profile" in c and c[c.index("--profile") + 1] == "cpu" for c in calls[:6])
+    # cpu profile: data parallel over every core (2 processes x 1 thread beat 1 x 2), unless --nproc 1
+    cores = os.cpu_count()
+    assert all((c[-2:] == ["@launch", str(cores)]) == (cores > 1) for c in calls[:6])
     summary = capsys.readouterr().out
     assert "ensemble ensemble_cpu" in summary and "no answer everywhere" in summary and "52.289" in summary
     assert (tmp / "out" / "run_all" / "summary.txt").read_text() in summary
     # a rerun skips every finished stage; the report is remade
-    code, calls = run()
+    code, calls = run("--models", "bert", "ernie", "roberta", "--pretrain_share", "0.25")
     assert code == 0 and [c[0] for c in calls] == ["report"]
     assert "done before" in capsys.readouterr().out
 
@@ -173,8 +179,16 @@ def test_run_all_stages_budget_and_resume(fake_job, capsys):
 def test_run_all_goes_on_without_a_failed_training(fake_job, monkeypatch, capsys):
     run, _ = fake_job
     monkeypatch.setenv("FAIL_MODEL", "ernie")
-    code, calls = run("--skip_pretrain")
+    code, calls = run("--models", "bert", "ernie", "roberta", "--skip_pretrain", "--nproc", "1")
+    assert all("@launch" not in c for c in calls)
     assert code == 1 and "pretrain" not in [c[0] for c in calls]
     ensemble_call = next(c for c in calls if c[0] == "ensemble")
     assert ensemble_call[ensemble_call.index("--exps") + 1: ensemble_call.index("--input")] == ["bert", "roberta"]
     assert "FAILED (exit 1)" in capsys.readouterr().out
+
+
+def test_run_all_default_is_one_backbone_without_pretraining(fake_job):
+    run, _ = fake_job
+    code, calls = run()
+    assert code == 0 and [c[0] for c in calls] == ["train", "ensemble", "report"]
+    assert calls[0][calls[0].index("--model") + 1] == "ernie" and float(calls[0][calls[0].index("--max_minutes") + 1]) == 55.2

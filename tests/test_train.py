@@ -97,3 +97,58 @@ def test_time_budget_stops_training_but_still_writes_everything(tiny_run):
         assert metrics["stopped_by_time_budget"] and metrics["steps"] < metrics["steps_per_epoch"] * 4
         assert (out / "budget" / f"fold{k}" / "oof.npz").is_file()
     assert json.loads((out / "budget" / "cv.json").read_text())["cv"]["TOTAL"] > 0
+
+
+def test_select_questions_keeps_the_demo_and_reaches_the_unanswerable_share():
+    import pandas as pd
+
+    rows = [{"id": f"d{i}", "source": "checklist_demo", "is_impossible": i % 2 == 0, "answers": [] if i % 2 == 0 else [{"text": "a"}]}
+            for i in range(10)]
+    rows += [{"id": f"s{i}", "source": "squad2_zh", "is_impossible": i % 4 == 0, "answers": [] if i % 4 == 0 else [{"text": "a"}]}
+             for i in range(400)]
+    df = pd.DataFrame(rows)
+    half = train.select_questions(df, 100, seed=3, unanswerable_share=0.5)
+    assert len(half) == 100 and half["is_impossible"].sum() == 50 and (half["source"] == "checklist_demo").sum() == 10
+    assert half.equals(train.select_questions(df, 100, seed=3, unanswerable_share=0.5))  # seeded
+    everything = train.select_questions(df, None, seed=3, unanswerable_share=0.5)  # 105 unanswerable: 210 questions
+    assert len(everything) == 210 and everything["is_impossible"].mean() == 0.5
+    repeated = train.repeat_sources(half, {"checklist_demo": 3})
+    assert len(repeated) == 120 and (repeated["source"] == "checklist_demo").sum() == 30
+
+
+def test_one_of_k_folds_with_match_types_and_the_stacker(tiny_run, data_dir, tmp_path):
+    out = tmp_path / "outputs"  # its own folds file; the project vocab of the module's run
+    out.mkdir()
+    (out / "vocab").symlink_to(tiny_run[0] / "vocab")
+    base = ["--model", "ernie", "--profile", "tiny", "--exp", "one", "--output_dir", str(out), "--data_dir", str(data_dir)]
+    args = base + ["--folds", "3", "--train_folds", "1", "--match_types", "true", "--max_questions", "60", "--unanswerable_share", "0.5"]
+    assert train.main(args) == 0
+    exp = out / "one"
+    info = json.loads((exp / "train_info.json").read_text())
+    assert info["trained_folds"] == [0] and not (exp / "fold1").exists() and info["features"]["match_types"]
+    assert info["features"]["feature_key"].endswith("|match=1")
+    cv = json.loads((exp / "cv.json").read_text())
+    oof_ids = set(postprocess.load_logits(exp / "fold0" / "oof.npz")["example_id"].tolist())
+    assert cv["cv"]["TOTAL"] == len(oof_ids) < info["train_questions"]  # CV over the trained fold's held-out third
+    assert "auc_prob" in cv["dev_diagnostics"] and 0 <= cv["dev_diagnostics"]["answerable_span_F1"] <= 100
+    with pytest.raises(MRCError, match="train_folds"):
+        train.main(base + ["--folds", "3", "--train_folds", "4"])
+
+
+def test_keep_negative_windows_keeps_answers_and_one_window_per_unanswerable_question():
+    from mrc.features import Features
+
+    f = Features(key="k")
+    layout = [("a", 0), ("a", 1), ("a", 0), ("a", 0), ("u", 0), ("u", 0), ("u", 0)] * 20
+    for n, (qid, ans) in enumerate(layout):
+        f.input_ids.append(np.array([n]))
+        for name in ("token_type_ids", "offsets", "example_index", "start_positions", "end_positions"):
+            getattr(f, name).append(np.array([0]) if name != "example_index" else 2 * (n // 7) + (qid == "u"))
+        f.example_id.append(f"{qid}{n // 7}")
+        f.answerable.append(ans)
+    kept = train.keep_negative_windows(f, 0.0, seed=1)
+    assert sum(kept.answerable) == 20 and len(kept) == 40  # the answer windows + each unanswerable question's first
+    assert all(kept.example_id[i].startswith("u") for i in range(len(kept)) if not kept.answerable[i])
+    some = train.keep_negative_windows(f, 0.5, seed=1)
+    assert 40 < len(some) < 100 and len(train.keep_negative_windows(f, 1.0, seed=1)) == len(f)
+    assert [int(x[0]) for x in some.input_ids] == [int(x[0]) for x in train.keep_negative_windows(f, 0.5, seed=1).input_ids]

@@ -95,7 +95,11 @@ def hub_reachable(hub_name: str) -> tuple[bool, str]:
         return False, f"hub {hub_name} unreachable ({type(err).__name__})"
 
 
-def resolve_backbone(name_or_dir: str, profile: str = "cpu", outputs_dir="outputs", vocab_dir=None) -> BackboneSpec:
+def resolve_backbone(name_or_dir: str, profile: str = "cpu", outputs_dir="outputs", vocab_dir=None,
+                     size: str | None = None, own_pretrain: bool = True) -> BackboneSpec:
+    """Hub name / local dir / configs/models/<name>.yaml -> where the weights come from. Offline order:
+    hub, the project's own pre-training (unless own_pretrain=False), random init at offline size `size`
+    (default: the profile's) from configs/models/offline_sizes.yaml."""
     name = str(name_or_dir)
     path = Path(name)
     if path.exists() or name.startswith((".", "/", "~")):
@@ -126,15 +130,19 @@ def resolve_backbone(name_or_dir: str, profile: str = "cpu", outputs_dir="output
             return BackboneSpec(name, "hub", arch, hub, hub, reason=f"hub {hub}")
         reasons.append(why)
     own = outputs_dir / "pretrain" / recipe
-    if has_weights(own):
+    if not own_pretrain:
+        reasons.append("own pre-training not used (own_pretrain false)")
+    elif has_weights(own):
         found_arch = arch_of_dir(own)
         if found_arch != arch:
             raise MRCError(f"{own}: holds a {found_arch} model but configs/models/{name}.yaml wants {arch}")
         return BackboneSpec(name, "pretrained", arch, str(own), str(own), reason="; ".join(reasons + [f"own pre-training {own}"]))
-    reasons.append(f"no pre-trained checkpoint in {own}")
+    else:
+        reasons.append(f"no pre-trained checkpoint in {own}")
     vocab_dir = Path(vocab_dir) if vocab_dir else outputs_dir / "vocab"
-    return BackboneSpec(name, "random", arch, str(vocab_dir), str(vocab_dir), config=offline_sizes(profile),
-                        reason="; ".join(reasons) + f"; random init, offline size '{profile}'")
+    size = size or profile
+    return BackboneSpec(name, "random", arch, str(vocab_dir), str(vocab_dir), config=offline_sizes(size),
+                        reason="; ".join(reasons) + f"; random init, offline size '{size}'")
 
 
 def arch_of_config(config) -> str:

@@ -54,14 +54,42 @@ def ensure_process_group():
         dist.init_parallel_env()
 
 
-def barrier():
-    """Wait for every rank (no-op in a single process)."""
+_barrier_count = 0
+
+
+def barrier(timeout_seconds: float = 3 * 3600):
+    """Wait for every rank (no-op in a single process).
+
+    Not dist.barrier(): on CPU that is a gloo collective, and gloo gives up after 30 seconds
+    ("gloo/transport/tcp/unbound_buffer.cc TIMEOUT"), while ranks can reach a barrier minutes apart
+    (one finishes its inference pass sooner). Each rank instead adds 1 to a counter in the launcher's
+    TCP store (the one init_parallel_env rendezvoused through; it works across machines) and polls it.
+    Rank 0 hosts that store, so it leaves every barrier last."""
+    global _barrier_count
     if not is_distributed():
         return
-    import paddle.distributed as dist
+    import time
+
+    from paddle.base import core
 
     ensure_process_group()
-    dist.barrier()
+    store = core.create_or_get_global_tcp_store()
+    _barrier_count += 1
+    key = f"mrc_barrier/{_barrier_count}"
+    deadline, world = time.time() + timeout_seconds, world_info().world_size
+
+    def wait_for(counter):
+        while store.add(counter, 0) < world:
+            if time.time() > deadline:
+                raise RuntimeError(f"barrier {counter}: the other ranks did not arrive within {timeout_seconds:.0f} s")
+            time.sleep(0.2)
+
+    store.add(key, 1)
+    wait_for(key)
+    # rank 0 serves the store: it leaves last, or a rank still polling would find the store gone
+    store.add(key + "/left", 1)
+    if world_info().rank == 0:
+        wait_for(key + "/left")
 
 
 @contextlib.contextmanager

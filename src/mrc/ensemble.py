@@ -297,12 +297,18 @@ def oof_scores(members_folds: list[list[dict]], weights, contexts: dict, post: d
     return scores
 
 
-def tune_on_oof(members_folds, gold: dict, contexts: dict, post: dict, fusion="auto", modes=postprocess.MODES,
-                weights=None, weight_step=0.25, names=None, metric=None, log=None) -> dict:
+def tune_on_oof(members_folds, gold: dict, contexts: dict, post: dict, fusion="auto", modes=postprocess.MODEL_MODES,
+                weights=None, weight_step=0.25, names=None, metric=None, log=None, hand=None, seed=42) -> dict:
     """Weights (grid on the simplex unless given) and no-answer mode/threshold maximising the official
     F1 of the fused out-of-fold predictions. Returns {"weights", "mode", "threshold", "F1", "EM",
-    "answered", "total", "grid": [(weights, F1), ...]}. Only OOF data goes in: the test input cannot
-    change the result."""
+    "answered", "total", "grid": [(weights, F1), ...], "stacker": parameters or None, "scores": the fused
+    OOF scores of the chosen weights}. Only OOF data goes
+    in: the test input cannot change the result. Mode "stack" fits mrc.answerability's stacker on each
+    candidate's fused OOF scores (`hand`: the OOF questions' hand_feature_table)."""
+    from . import answerability
+
+    if "stack" in modes and hand is None:
+        raise MRCError("no-answer mode 'stack' needs the out-of-fold questions' features (hand=)")
     n = len(members_folds)
     if weights is not None:
         candidates = [tuple(normalize_weights(weights, n, names))]
@@ -311,12 +317,14 @@ def tune_on_oof(members_folds, gold: dict, contexts: dict, post: dict, fusion="a
     best, grid, cache = None, [], {}
     for cand in candidates:
         scores = oof_scores(members_folds, cand, contexts, post, fusion, names, cache)
-        tuned = postprocess.tune_threshold(scores, gold, modes, metric)
+        stacker = answerability.fit_stacker(scores, hand, gold, seed) if "stack" in modes else None
+        tuned = postprocess.tune_threshold(scores, gold, [m for m in modes if m != "stack" or stacker is not None], metric)
+        tuned["stacker"] = stacker
         grid.append((list(cand), tuned["F1"]))
         if log:
             log.info("weights %s: OOF F1 %.3f (%s >= %.4g)", [round(c, 3) for c in cand], tuned["F1"], tuned["mode"], tuned["threshold"])
         if best is None or tuned["F1"] > best[1]["F1"] + 1e-9:  # ties keep the earlier (equal weights first)
-            best = (cand, tuned)
+            best = (cand, {**tuned, "scores": scores})
     cand, tuned = best
     return {"weights": list(cand), **tuned, "grid": grid}
 

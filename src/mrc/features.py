@@ -17,6 +17,20 @@ semantics of `stride`: consecutive windows overlap by `stride` passage tokens (p
 tokenizer `stride` means something else). Offsets are character offsets into the passage, (-1, -1)
 for every token that is not a passage token ([CLS], question, title, [SEP], padding).
 
+Match types (`match_types=True`, DrQA's exact-match features as token types): a small model from random
+init learns slowly that answers sit next to the question's words and that a question whose words are
+absent from the passage is unanswerable, so both are given as input. A character "matches" another text
+when a character bigram through it (with its left or right neighbour) occurs there; a token matches when
+one of its characters does. Token types then are:
+
+    0  [CLS], [SEP], title tokens not in the question     7  title token found in the question
+    1  passage token not in the question                  2  passage token found in the question
+    question tokens found in: 3 passage and title, 4 the passage only, 5 the title only, 6 neither
+(DuReader titles are often the question the passage answers, so "which question words are in the
+title" separates answerable from unanswerable questions about as well as the passage does.)
+
+(the model's token-type embedding is extended to 4 rows: mrc.model.extend_token_types).
+
 Labels: the first answer's token span when it lies wholly inside the window, else [CLS] (index 0)
 for both start and end; unanswerable questions always point at [CLS]. `answerable` per feature is
 1 exactly when the window holds the answer (the classifier learns "this window answers it").
@@ -30,7 +44,8 @@ import numpy as np
 
 from .errors import MRCError
 
-FEATURE_FORMAT_VERSION = "f1"  # bump when the layout above changes: part of feature_key
+FEATURE_FORMAT_VERSION = "f1"
+NUM_MATCH_TYPES = 8  # bump when the layout above changes: part of feature_key
 
 
 @dataclass
@@ -76,9 +91,31 @@ def tokenizer_hash(tokenizer) -> str:
     return hashlib.sha256(tokenizer.to_str().encode("utf-8")).hexdigest()[:12]
 
 
-def feature_key(tokenizer, max_len: int, stride: int, use_title: bool) -> str:
+def feature_key(tokenizer, max_len: int, stride: int, use_title: bool, match_types: bool = False) -> str:
     """Identifies the feature layout; two logits files line up only when their keys are equal."""
-    return f"{FEATURE_FORMAT_VERSION}|vocab={tokenizer_hash(tokenizer)}|max_len={max_len}|stride={stride}|title={int(bool(use_title))}"
+    key = f"{FEATURE_FORMAT_VERSION}|vocab={tokenizer_hash(tokenizer)}|max_len={max_len}|stride={stride}|title={int(bool(use_title))}"
+    return key + ("|match=1" if match_types else "")
+
+
+def bigram_match(text: str, other: str) -> np.ndarray:
+    """Per character of `text`: True when a character bigram through it (with its left or right
+    neighbour) occurs in `other`."""
+    if not text:
+        return np.zeros(0, dtype=bool)
+    bigrams = {other[i:i + 2] for i in range(len(other) - 1)}
+    hit = np.array([text[i:i + 2] in bigrams for i in range(len(text) - 1)] + [False], dtype=bool)
+    out = hit.copy()
+    out[1:] |= hit[:-1]
+    return out
+
+
+def token_match(offsets, char_match: np.ndarray) -> np.ndarray:
+    """Per token (char offsets (n, 2)): True when one of its characters matches."""
+    if len(char_match) == 0:
+        return np.zeros(len(offsets), dtype=bool)
+    cum = np.concatenate([[0], np.cumsum(char_match)])
+    off = np.clip(np.asarray(offsets, dtype=np.int64).reshape(-1, 2), 0, len(char_match))
+    return cum[off[:, 1]] > cum[off[:, 0]]
 
 
 def _special_id(tokenizer, token: str) -> int:
@@ -114,7 +151,7 @@ def window_starts(n_tokens: int, window: int, stride: int) -> list[int]:
     return starts
 
 
-def build_features(df, tokenizer, max_len: int, stride: int, use_title: bool) -> Features:
+def build_features(df, tokenizer, max_len: int, stride: int, use_title: bool, match_types: bool = False) -> Features:
     """Features for every row of `df` (columns of mrc.data.load_file: id, question, title, context,
     answers, is_impossible). Rows without gold answers get [CLS] labels (harmless at prediction)."""
     cls_id, sep_id = _special_id(tokenizer, "[CLS]"), _special_id(tokenizer, "[SEP]")
@@ -125,22 +162,35 @@ def build_features(df, tokenizer, max_len: int, stride: int, use_title: bool) ->
     context_index = {c: i for i, c in enumerate(unique_contexts)}
     passages = _encode(tokenizer, unique_contexts)
 
-    feats = Features(key=feature_key(tokenizer, max_len, stride, use_title))
+    feats = Features(key=feature_key(tokenizer, max_len, stride, use_title, match_types))
     for row_i, row in enumerate(df.itertuples(index=False)):
         row = row._asdict()
         seg_a = [cls_id] + questions[row_i].ids[:max_question] + [sep_id]
+        n_question = len(seg_a) - 2
         if use_title and titles[row_i].ids:
             seg_a += titles[row_i].ids[:max_title] + [sep_id]
+        types_a = np.zeros(len(seg_a), dtype=np.int64)
         passage = passages[context_index[row["context"]]]
         p_ids = np.asarray(passage.ids, dtype=np.int64)
         p_off = np.asarray(passage.offsets, dtype=np.int32).reshape(-1, 2)
+        p_types = np.ones(len(p_ids), dtype=np.int64)
+        if match_types:
+            question, context = str(row["question"]), str(row["context"])
+            title = row["title"] if use_title and isinstance(row["title"], str) else ""
+            q_off = np.asarray(questions[row_i].offsets, dtype=np.int32).reshape(-1, 2)[:n_question]
+            in_passage = token_match(q_off, bigram_match(question, context))
+            in_title = token_match(q_off, bigram_match(question, title))
+            types_a[1: 1 + n_question] = np.select([in_passage & in_title, in_passage, in_title], [3, 4, 5], 6)
+            if len(seg_a) > n_question + 2:  # the title's tokens
+                t_off = np.asarray(titles[row_i].offsets, dtype=np.int32).reshape(-1, 2)[:max_title]
+                types_a[n_question + 2: n_question + 2 + len(t_off)] = np.where(token_match(t_off, bigram_match(title, question)), 7, 0)
+            p_types = np.where(token_match(p_off, bigram_match(context, question)), 2, 1)
         window = max_len - len(seg_a) - 1
         span = _answer_char_span(row)
         for start in window_starts(len(p_ids), window, stride):
             stop = min(start + window, len(p_ids))
             ids = np.concatenate([np.asarray(seg_a, dtype=np.int64), p_ids[start:stop], [sep_id]])
-            types = np.zeros(len(ids), dtype=np.int64)
-            types[len(seg_a):] = 1
+            types = np.concatenate([types_a, p_types[start:stop], [1]])
             offsets = np.full((len(ids), 2), -1, dtype=np.int32)
             offsets[len(seg_a): len(seg_a) + stop - start] = p_off[start:stop]
             s_tok = e_tok = 0

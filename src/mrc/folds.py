@@ -57,3 +57,9 @@ def load_or_make_folds(df: pd.DataFrame, path, n_folds: int, seed: int) -> pd.Se
         atomic_write_text(path, folds.to_csv(index=False))
     fold_of = dict(zip(folds["id"], folds["fold"]))
     return pd.Series([fold_of[i] for i in ids], index=df.index, name="fold")
+
+
+def trained_folds(info: dict) -> list[int]:
+    """Folds an experiment trained (train_info.json): all K unless --train_folds chose the first few
+    (a single fold of 5 = 80% of the data for training, 20% for the out-of-fold threshold)."""
+    return [int(k) for k in info.get("trained_folds", range(int(info["folds"])))]

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 
+import paddle
 import paddle.nn as nn
 import paddle.nn.functional as F
 
@@ -47,6 +48,23 @@ def span_answerable_loss(start_logits, end_logits, answerable_logits, start_posi
     span = (F.cross_entropy(start_logits, start_positions.reshape([-1, 1]))
             + F.cross_entropy(end_logits, end_positions.reshape([-1, 1]))) / 2
     return span + F.cross_entropy(answerable_logits, answerable_label.reshape([-1, 1]))
+
+
+def extend_token_types(encoder, n_types: int) -> bool:
+    """Grow the encoder's token-type embedding to `n_types` rows (mrc.features match types); new rows
+    start as copies of row 1 (the passage segment) so a pre-trained encoder starts where it was. Updates
+    the config, so the saved checkpoint reloads with the same shape. True when it grew."""
+    old = encoder.embeddings.token_type_embeddings
+    rows, width = old.weight.shape
+    if rows >= n_types:
+        return False
+    new = nn.Embedding(n_types, width)
+    with paddle.no_grad():
+        weight = paddle.concat([old.weight] + [old.weight[min(1, rows - 1):min(1, rows - 1) + 1]] * (n_types - rows), axis=0)
+        new.weight.set_value(weight)
+    encoder.embeddings.token_type_embeddings = new
+    encoder.config.type_vocab_size = n_types
+    return True
 
 
 def count_parameters(model: nn.Layer) -> int:

@@ -28,6 +28,8 @@ The no-answer decision is `decide(scores, threshold, mode)`, the one function us
 and ensembling. Modes:
     "prob": answer when P(answerable) >= threshold
     "null": answer when best span score - null score >= threshold (SQuAD 2.0 null-score difference)
+    "stack": answer when rec["p_stack"] >= threshold (mrc.answerability: a logistic regression over the
+            model's scores and question/title/passage overlap, fitted on out-of-fold predictions)
 `tune_threshold` picks mode and threshold that maximise the official F1 on out-of-fold predictions.
 """
 from __future__ import annotations
@@ -38,7 +40,8 @@ from .errors import MRCError
 
 PAD_LOGIT = -1e4
 NO_ANSWER = "no answer"
-MODES = ("prob", "null")
+MODES = ("prob", "null", "stack")
+MODEL_MODES = ("prob", "null")  # the modes that need nothing but the model's logits
 NPZ_KEYS = ("example_id", "start_logits", "end_logits", "offsets", "answerable_logits", "p_answerable", "feature_key")
 
 
@@ -164,6 +167,10 @@ def decision_value(rec: dict, mode: str) -> float:
         return rec["p_answerable"]
     if mode == "null":
         return rec["score"] - rec["null_score"] if rec["text"] else -np.inf
+    if mode == "stack":
+        if "p_stack" not in rec:
+            raise MRCError("no-answer mode 'stack' needs the stacker's P(answerable) (mrc.answerability.apply_stacker)")
+        return rec["p_stack"] if rec["text"] else -np.inf
     raise MRCError(f"unknown no-answer mode {mode!r} (choose from {', '.join(MODES)})")
 
 
@@ -176,7 +183,7 @@ def decide(scores: dict, threshold: float, mode: str) -> dict:
     return out
 
 
-def tune_threshold(scores: dict, gold: dict, modes=MODES, metric=None) -> dict:
+def tune_threshold(scores: dict, gold: dict, modes=MODEL_MODES, metric=None) -> dict:
     """Mode and threshold maximising the official F1 over the ids of `gold` (out-of-fold predictions).
 
     Each example's F1 is computed by the official metric (metric.score_one) twice, once answered with its best span and
@@ -222,3 +229,38 @@ def tune_threshold(scores: dict, gold: dict, modes=MODES, metric=None) -> dict:
 
 def _single_f1(metric, gold_rec: dict, prediction: str) -> float:
     return float(metric.score_one(prediction, gold_rec)[0])
+
+
+def rank_auc(values, labels) -> float | None:
+    """ROC AUC of `values` for binary `labels` (Mann-Whitney, ties averaged); None when one class is absent."""
+    values, labels = np.asarray(values, dtype=np.float64), np.asarray(labels, dtype=bool)
+    n_pos, n_neg = int(labels.sum()), int((~labels).sum())
+    if not n_pos or not n_neg:
+        return None
+    values = np.nan_to_num(values, nan=-1e30, posinf=1e30, neginf=-1e30)
+    order = np.argsort(values, kind="stable")
+    ranks = np.empty(len(values), dtype=np.float64)
+    sorted_v = values[order]
+    starts = np.flatnonzero(np.concatenate([[True], sorted_v[1:] != sorted_v[:-1]]))
+    ends = np.concatenate([starts[1:], [len(values)]])
+    for s, e in zip(starts, ends):
+        ranks[order[s:e]] = (s + e + 1) / 2.0  # average 1-based rank of a tie group
+    return float((ranks[labels].sum() - n_pos * (n_pos + 1) / 2) / (n_pos * n_neg))
+
+
+def diagnostics(scores: dict, gold: dict, metric=None) -> dict:
+    """What the decision threshold hides: the span quality (official F1 of the best span on the answerable
+    questions, as if every one were answered) and how well each decision value ranks answerable above
+    unanswerable (ROC AUC)."""
+    if metric is None:
+        from . import metric
+    ids = [i for i in gold if i in scores]
+    answerable = np.array([not gold[i]["is_impossible"] for i in ids], dtype=bool)
+    span_f1 = [_single_f1(metric, gold[i], scores[i]["text"] or NO_ANSWER) for i, a in zip(ids, answerable) if a]
+    out = {"answerable_span_F1": round(100.0 * float(np.mean(span_f1)), 3) if span_f1 else None}
+    for mode in MODES:
+        if mode == "stack" and not all("p_stack" in scores[i] for i in ids):
+            continue
+        auc = rank_auc([decision_value(scores[i], mode) for i in ids], answerable)
+        out[f"auc_{mode}"] = None if auc is None else round(auc, 4)
+    return out
