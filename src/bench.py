@@ -283,7 +283,7 @@ class Context:
     def train_df(self):
         if self._train_df is None:
             from mrc import data
-            from train import select_questions
+            from mrc.sampling import select_questions
 
             cfg = load_yaml_config("configs/default.yaml")
             data_dir = data.resolve_data_dir(self.args.data_dir)
@@ -510,7 +510,7 @@ def part_infer(ctx, table):
     from mrc.finetune import predict_logits
     from mrc.io_utils import read_json
     from mrc.vocab import fast_tokenizer, load_tokenizer
-    from predict import load_fold_model
+    from mrc.model import load_fold_model
 
     exp = REPO_ROOT / "outputs" / ctx.args.exp
     if ctx.quick or not (exp / "train_info.json").is_file():

@@ -32,45 +32,20 @@ def build_parser():
     p.add_argument("--logits_out", default=None, help="also write the fold-averaged per-window logits (npz) here")
     p.add_argument("--output_dir", default=None, help="outputs root (default: configs/default.yaml output_dir)")
     p.add_argument("--batch_size", type=int, default=32, help="windows per forward pass (default 32)")
+    p.add_argument("--static", action="store_true",
+                   help="run the folds' exported static graphs through paddle.inference (exported on first use to "
+                        "fold<k>/inference/; ~2x the questions/s of the dynamic graph here, same answers)")
     return p
 
 
-def load_fold_model(fold_dir: Path, arch: str):
-    """SpanAnswerableModel of one fold from fold<k>/model/{config.json, model_state.pdparams}."""
-    import paddle
-
-    from mrc.backbone import arch_classes
-    from mrc.model import SpanAnswerableModel
-
-    model_dir = fold_dir / "model"
-    weights = model_dir / "model_state.pdparams"
-    if not weights.is_file() or not (model_dir / "config.json").is_file():
-        raise MRCError(f"{model_dir}: fold model missing (config.json + model_state.pdparams); has training finished?")
-    classes = arch_classes(arch)
-    try:
-        encoder = classes.model(classes.config.from_pretrained(str(model_dir)))
-    except Exception as err:
-        raise MRCError(f"{model_dir}/config.json: cannot build the {arch} model ({_first_line(err)})") from None
-    model = SpanAnswerableModel(encoder)
-    try:
-        state = paddle.load(str(weights))
-    except Exception as err:  # a truncated or foreign file: pickle/protobuf errors of many kinds
-        raise MRCError(f"{weights}: cannot read the weights ({_first_line(err)})") from None
-    if not isinstance(state, dict):
-        raise MRCError(f"{weights}: not a state dict (got {type(state).__name__})")
-    missing = sorted(set(model.state_dict()) - set(state))
-    if missing:
-        raise MRCError(f"{weights}: weights do not fit the model (missing {', '.join(missing[:3])})")
-    model.set_state_dict(state)
-    model.eval()
-    return model
-
-
-def fold_logits(exp_dir: Path, info: dict, df, batch_size: int, label: str = "") -> list[dict]:
+def fold_logits(exp_dir: Path, info: dict, df, batch_size: int, label: str = "", static: bool = False) -> list[dict]:
     """Per-window logits of each fold model of an experiment on the questions of df (same features
-    as in training: the experiment's tokenizer and feature settings, checked by feature key)."""
+    as in training: the experiment's tokenizer and feature settings, checked by feature key).
+    static=True runs each fold's exported inference program (mrc.export; exported once, reused)."""
+    from mrc.export import static_fold_logits
     from mrc.features import build_features
     from mrc.finetune import predict_logits
+    from mrc.model import load_fold_model
     from mrc.vocab import fast_tokenizer, load_tokenizer
 
     feat = info["features"]
@@ -82,13 +57,13 @@ def fold_logits(exp_dir: Path, info: dict, df, batch_size: int, label: str = "")
 
     logits = []
     for k in trained_folds(info):
+        if static:
+            logits.append(static_fold_logits(exp_dir / f"fold{k}", info["backbone"]["arch"], features, batch_size,
+                                             desc=f"{label}fold {k} (static)"))
+            continue
         model = load_fold_model(exp_dir / f"fold{k}", info["backbone"]["arch"])
         logits.append(predict_logits(model, features, batch_size, desc=f"{label}fold {k}")[0])
     return logits
-
-
-def _first_line(err: Exception) -> str:
-    return f"{type(err).__name__}: {(str(err).strip().splitlines() or [''])[0][:200]}"
 
 
 def check_complete(predictions: dict, ids, where: str):
@@ -127,7 +102,7 @@ def main(argv=None):
     ids = df["id"].astype(str).tolist()
     if info["features"]["feature_key"] != threshold.get("feature_key", info["features"]["feature_key"]):
         raise MRCError(f"{exp_dir}/threshold.json: tuned for features {threshold['feature_key']}, not {info['features']['feature_key']}")
-    members = fold_logits(exp_dir, info, df, args.batch_size)
+    members = fold_logits(exp_dir, info, df, args.batch_size, static=args.static)
     logits = postprocess.average_logits(members, names=[f"fold{k}" for k in range(len(members))])
     scores = score_examples(logits, df, info["post"])
     if threshold.get("stacker"):

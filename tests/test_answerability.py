@@ -60,7 +60,7 @@ def test_stacker_learns_the_title_signal_and_applies_in_numpy():
 
 def test_stacker_skips_with_too_few_of_a_class_and_refuses_other_features():
     rng = np.random.default_rng(0)
-    scores, gold, df = _scores_and_gold(12, rng)
+    scores, gold, df = _scores_and_gold(8, rng)  # 4 of each class: too few for 5 cross-fitting folds
     assert answerability.fit_stacker(scores, answerability.hand_feature_table(df), gold) is None
     with pytest.raises(Exception, match="other features"):
         answerability.apply_stacker(scores, answerability.hand_feature_table(df), {"features": ["x"]})

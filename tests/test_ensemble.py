@@ -346,3 +346,17 @@ def test_cli_unfinished_experiment_is_one_clear_error(workspace):
     (workspace["out"] / "expB" / "cv.json").unlink()
     with pytest.raises(MRCError, match="expB: no cv.json; finish training first"):
         run_cli(workspace, name="x")
+
+
+def test_cli_stacked_decision_is_fitted_on_oof_and_applied_to_the_input(workspace):
+    ws = workspace
+    for exp in ("expA", "expB"):
+        (ws["out"] / exp / "config.yaml").write_text(yaml.safe_dump({"dev_source": "checklist_dev",
+                                                                     "threshold_modes": ["prob", "null", "stack"]}))
+    result, sub = run_cli(ws, name="stacked")
+    stacker = result["threshold"]["stacker"]
+    assert stacker is not None and stacker["questions"] == N_OOF and len(stacker["coef"]) == len(stacker["features"])
+    assert set(sub) == {q["id"] for q in ws["dev_q"]}
+    gold = metric.load_gold(ws["dev"])
+    assert result["test"]["F1"] == pytest.approx(metric.evaluate(gold, sub)["F1"], abs=1e-3)
+    assert result["cv"]["F1"] >= result["cv_all_no_answer"]["F1"]

@@ -8,7 +8,7 @@ import pytest
 
 import predict
 import train
-from mrc import postprocess
+from mrc import postprocess, sampling
 from mrc.errors import MRCError
 
 
@@ -83,6 +83,15 @@ def test_predict_answers_every_id(tiny_run, data_dir, tmp_path, capsys):
     printed = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert printed["TOTAL"] == len(ids) and 0 <= printed["F1"] <= 100
     assert set(postprocess.load_logits(logits_path)["example_id"].tolist()) == set(ids)
+    # the exported static graphs (paddle.inference) give the same logits and answers, and are cached
+    static_pred, static_logits = tmp_path / "static.json", tmp_path / "static.npz"
+    assert predict.main(["--exp", "t", "--input", str(path), "--output", str(static_pred), "--output_dir", str(out),
+                         "--logits_out", str(static_logits), "--static"]) == 0
+    dynamic, static = postprocess.load_logits(logits_path), postprocess.load_logits(static_logits)
+    for key in ("start_logits", "end_logits", "answerable_logits"):
+        assert np.allclose(dynamic[key], static[key], atol=1e-3), key
+    assert json.loads(static_pred.read_text(encoding="utf-8")) == pred
+    assert (out / "t" / "fold0" / "inference").is_dir()
     with pytest.raises(MRCError, match=re.escape("no prediction")):
         predict.check_complete({ids[0]: "x"}, ids, "in.json")
     with pytest.raises(MRCError, match="train it first"):
@@ -107,12 +116,12 @@ def test_select_questions_keeps_the_demo_and_reaches_the_unanswerable_share():
     rows += [{"id": f"s{i}", "source": "squad2_zh", "is_impossible": i % 4 == 0, "answers": [] if i % 4 == 0 else [{"text": "a"}]}
              for i in range(400)]
     df = pd.DataFrame(rows)
-    half = train.select_questions(df, 100, seed=3, unanswerable_share=0.5)
+    half = sampling.select_questions(df, 100, seed=3, unanswerable_share=0.5)
     assert len(half) == 100 and half["is_impossible"].sum() == 50 and (half["source"] == "checklist_demo").sum() == 10
-    assert half.equals(train.select_questions(df, 100, seed=3, unanswerable_share=0.5))  # seeded
-    everything = train.select_questions(df, None, seed=3, unanswerable_share=0.5)  # 105 unanswerable: 210 questions
+    assert half.equals(sampling.select_questions(df, 100, seed=3, unanswerable_share=0.5))  # seeded
+    everything = sampling.select_questions(df, None, seed=3, unanswerable_share=0.5)  # 105 unanswerable: 210 questions
     assert len(everything) == 210 and everything["is_impossible"].mean() == 0.5
-    repeated = train.repeat_sources(half, {"checklist_demo": 3})
+    repeated = sampling.repeat_sources(half, {"checklist_demo": 3})
     assert len(repeated) == 120 and (repeated["source"] == "checklist_demo").sum() == 30
 
 
@@ -146,9 +155,17 @@ def test_keep_negative_windows_keeps_answers_and_one_window_per_unanswerable_que
             getattr(f, name).append(np.array([0]) if name != "example_index" else 2 * (n // 7) + (qid == "u"))
         f.example_id.append(f"{qid}{n // 7}")
         f.answerable.append(ans)
-    kept = train.keep_negative_windows(f, 0.0, seed=1)
+    kept = sampling.keep_negative_windows(f, 0.0, seed=1)
     assert sum(kept.answerable) == 20 and len(kept) == 40  # the answer windows + each unanswerable question's first
     assert all(kept.example_id[i].startswith("u") for i in range(len(kept)) if not kept.answerable[i])
-    some = train.keep_negative_windows(f, 0.5, seed=1)
-    assert 40 < len(some) < 100 and len(train.keep_negative_windows(f, 1.0, seed=1)) == len(f)
-    assert [int(x[0]) for x in some.input_ids] == [int(x[0]) for x in train.keep_negative_windows(f, 0.5, seed=1).input_ids]
+    some = sampling.keep_negative_windows(f, 0.5, seed=1)
+    assert 40 < len(some) < 100 and len(sampling.keep_negative_windows(f, 1.0, seed=1)) == len(f)
+    assert [int(x[0]) for x in some.input_ids] == [int(x[0]) for x in sampling.keep_negative_windows(f, 0.5, seed=1).input_ids]
+
+
+def test_a_longer_budget_scales_the_cpu_profiles_epochs():
+    cfg = lambda *argv: train.resolve_config(train.build_parser().parse_args(["--profile", "cpu", *argv]))  # noqa: E731
+    base = cfg()
+    assert cfg("--max_minutes", str(base["epochs_sized_for_minutes"] / 2))["epochs"] == base["epochs"]
+    assert cfg("--max_minutes", str(base["epochs_sized_for_minutes"] * 3))["epochs"] == pytest.approx(base["epochs"] * 3)
+    assert cfg("--max_minutes", "500", "--epochs", "1")["epochs"] == 1  # an explicit --epochs wins

@@ -116,9 +116,9 @@ def fit_stacker(scores: dict, hand: dict, gold: dict, seed: int = 42, C: float =
 
     ids = [i for i in gold if i in scores]
     y = np.array([0 if gold[i]["is_impossible"] else 1 for i in ids])
-    if len(set(y.tolist())) < 2 or min(np.bincount(y)) < 2 * folds:
+    if len(set(y.tolist())) < 2 or min(np.bincount(y)) < folds:
         log.warning("stacked no-answer decision skipped: needs %d answerable and %d unanswerable out-of-fold "
-                    "questions, has %d and %d", 2 * folds, 2 * folds, int(y.sum()), int(len(y) - y.sum()))
+                    "questions, has %d and %d", folds, folds, int(y.sum()), int(len(y) - y.sum()))
         return None
     X = stack_matrix(scores, hand, ids)
     crossed = np.zeros(len(ids))

@@ -2,6 +2,8 @@
 
     export_fold_model(fold_dir, arch, out_dir) -> prefix      (paddle.jit.save of SpanAnswerableModel)
     InferenceRunner(prefix, mkldnn=True, threads=2)(input_ids, token_type_ids) -> (start, end, answerable)
+    static_fold_logits(fold_dir, arch, features, batch_size) -> npz logits dict (predict --static), exporting
+        to fold_dir/inference/ first when that is missing or older than the fold's weights
 
 The exported graph takes (input_ids, token_type_ids) [batch, length] int64, both dims dynamic, and
 returns (start_logits [B, L], end_logits [B, L], answerable_logits [B, 2]) exactly as the dynamic model
@@ -26,7 +28,7 @@ def export_fold_model(fold_dir, arch: str, out_dir, model=None) -> Path:
     from paddle.static import InputSpec
 
     if model is None:
-        from predict import load_fold_model  # the one loader of fold models (src/predict.py)
+        from .model import load_fold_model
 
         model = load_fold_model(Path(fold_dir), arch)
     model.eval()
@@ -93,3 +95,21 @@ class InferenceRunner:
             self.predictor.get_input_handle(name).copy_from_cpu(np.ascontiguousarray(value, dtype=np.int64))
         self.predictor.run()
         return tuple(self.predictor.get_output_handle(n).copy_to_cpu() for n in self.output_names)
+
+
+def static_fold_logits(fold_dir, arch: str, features, batch_size: int = 32, desc: str | None = None,
+                       threads: int | None = None) -> dict:
+    """The fold model's logits on `features` through its exported program (the same numbers as
+    mrc.finetune.predict_logits up to float rounding). The export is cached in fold_dir/inference/."""
+    import os
+
+    from .finetune import batched_logits
+
+    fold_dir = Path(fold_dir)
+    weights = fold_dir / "model" / "model_state.pdparams"
+    prefix = fold_dir / "inference" / "inference"
+    program = inference_model_file(prefix)
+    if program is None or not weights.is_file() or program.stat().st_mtime < weights.stat().st_mtime:
+        prefix = export_fold_model(fold_dir, arch, fold_dir / "inference")
+    runner = InferenceRunner(prefix, threads=threads or int(os.environ.get("OMP_NUM_THREADS", "1") or 1))
+    return batched_logits(features, batch_size, lambda batch: runner(batch["input_ids"], batch["token_type_ids"]), desc)

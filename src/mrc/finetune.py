@@ -122,8 +122,10 @@ class InferenceReserve:
         return 1.2 * self.n_infer * per_window
 
 
-def predict_logits(model, features: Features, batch_size: int = 32, with_loss: bool = False, desc: str | None = None):
-    """Forward every feature; returns (npz logits dict, mean loss or None)."""
+def batched_logits(features: Features, batch_size: int, run_batch, desc: str | None = None) -> dict:
+    """The npz logits dict of every feature: `run_batch(collated numpy batch) -> (start [B, L], end [B, L],
+    answerable [B, 2])` over length-sorted batches (little padding), written back in feature order.
+    Shared by the dynamic model (predict_logits) and the exported static one (mrc.export)."""
     from tqdm import tqdm
 
     order = np.argsort(features.lengths(), kind="stable")
@@ -133,28 +135,38 @@ def predict_logits(model, features: Features, batch_size: int = 32, with_loss: b
     end = np.full((n, width), postprocess.PAD_LOGIT, dtype=np.float32)
     answerable = np.zeros((n, 2), dtype=np.float32)
     dataset = FeatureDataset(features)
-    loss_sum, was_training = 0.0, model.training
+    for b in tqdm(range(0, n, batch_size), desc=desc or "logits", disable=desc is None, mininterval=10):
+        idx = order[b: b + batch_size]
+        s, e, a = run_batch(collate([dataset[i] for i in idx]))
+        for row, i in enumerate(idx):
+            length = len(features.input_ids[i])
+            start[i, :length] = s[row, :length]
+            end[i, :length] = e[row, :length]
+        answerable[idx] = a
+    return postprocess.make_logits(features.example_id, start, end, features.padded_offsets(width), answerable, features.key)
+
+
+def predict_logits(model, features: Features, batch_size: int = 32, with_loss: bool = False, desc: str | None = None):
+    """Forward every feature with the dynamic model; returns (npz logits dict, mean loss or None)."""
+    loss_sum, was_training = [0.0], model.training
+
+    def run_batch(batch):
+        batch = {k: paddle.to_tensor(v) for k, v in batch.items()}
+        labels = {k: batch.pop(k) for k in ("start_positions", "end_positions", "answerable_label")}
+        if with_loss:
+            loss, s, e, a = model(**batch, **labels)
+            loss_sum[0] += float(loss) * int(s.shape[0])
+        else:
+            s, e, a = model(**batch)
+        return s.numpy(), e.numpy(), a.numpy()
+
     model.eval()
     with paddle.no_grad():
-        for b in tqdm(range(0, n, batch_size), desc=desc or "logits", disable=desc is None, mininterval=10):
-            idx = order[b: b + batch_size]
-            batch = {k: paddle.to_tensor(v) for k, v in collate([dataset[i] for i in idx]).items()}
-            labels = {k: batch.pop(k) for k in ("start_positions", "end_positions", "answerable_label")}
-            if with_loss:
-                loss, s, e, a = model(**batch, **labels)
-                loss_sum += float(loss) * len(idx)
-            else:
-                s, e, a = model(**batch)
-            s, e = s.numpy(), e.numpy()
-            for row, i in enumerate(idx):
-                length = len(features.input_ids[i])
-                start[i, :length] = s[row, :length]
-                end[i, :length] = e[row, :length]
-            answerable[idx] = a.numpy()
+        logits = batched_logits(features, batch_size, run_batch, desc)
     if was_training:
         model.train()
-    logits = postprocess.make_logits(features.example_id, start, end, features.padded_offsets(width), answerable, features.key)
-    return logits, (loss_sum / n if with_loss and n else None)
+    n = len(features)
+    return logits, (loss_sum[0] / n if with_loss and n else None)
 
 
 def score_examples(logits: dict, df, post_cfg: dict) -> dict:

@@ -69,3 +69,38 @@ def extend_token_types(encoder, n_types: int) -> bool:
 
 def count_parameters(model: nn.Layer) -> int:
     return int(sum(math.prod(p.shape) for p in model.parameters()))
+
+
+def load_fold_model(fold_dir, arch: str) -> SpanAnswerableModel:
+    """SpanAnswerableModel of one fold from fold<k>/model/{config.json, model_state.pdparams} (the config
+    records the token-type rows, so match-type models come back with them), in eval mode."""
+    from pathlib import Path
+
+    from .backbone import arch_classes
+    from .errors import MRCError
+
+    def first_line(err: Exception) -> str:
+        return f"{type(err).__name__}: {(str(err).strip().splitlines() or [''])[0][:200]}"
+
+    model_dir = Path(fold_dir) / "model"
+    weights = model_dir / "model_state.pdparams"
+    if not weights.is_file() or not (model_dir / "config.json").is_file():
+        raise MRCError(f"{model_dir}: fold model missing (config.json + model_state.pdparams); has training finished?")
+    classes = arch_classes(arch)
+    try:
+        encoder = classes.model(classes.config.from_pretrained(str(model_dir)))
+    except Exception as err:
+        raise MRCError(f"{model_dir}/config.json: cannot build the {arch} model ({first_line(err)})") from None
+    model = SpanAnswerableModel(encoder)
+    try:
+        state = paddle.load(str(weights))
+    except Exception as err:  # a truncated or foreign file: pickle/protobuf errors of many kinds
+        raise MRCError(f"{weights}: cannot read the weights ({first_line(err)})") from None
+    if not isinstance(state, dict):
+        raise MRCError(f"{weights}: not a state dict (got {type(state).__name__})")
+    missing = sorted(set(model.state_dict()) - set(state))
+    if missing:
+        raise MRCError(f"{weights}: weights do not fit the model (missing {', '.join(missing[:3])})")
+    model.set_state_dict(state)
+    model.eval()
+    return model

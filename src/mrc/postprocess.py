@@ -232,20 +232,13 @@ def _single_f1(metric, gold_rec: dict, prediction: str) -> float:
 
 
 def rank_auc(values, labels) -> float | None:
-    """ROC AUC of `values` for binary `labels` (Mann-Whitney, ties averaged); None when one class is absent."""
+    """ROC AUC of `values` for binary `labels` (scikit-learn); None when one class is absent."""
+    from sklearn.metrics import roc_auc_score
+
     values, labels = np.asarray(values, dtype=np.float64), np.asarray(labels, dtype=bool)
-    n_pos, n_neg = int(labels.sum()), int((~labels).sum())
-    if not n_pos or not n_neg:
+    if labels.all() or not labels.any():
         return None
-    values = np.nan_to_num(values, nan=-1e30, posinf=1e30, neginf=-1e30)
-    order = np.argsort(values, kind="stable")
-    ranks = np.empty(len(values), dtype=np.float64)
-    sorted_v = values[order]
-    starts = np.flatnonzero(np.concatenate([[True], sorted_v[1:] != sorted_v[:-1]]))
-    ends = np.concatenate([starts[1:], [len(values)]])
-    for s, e in zip(starts, ends):
-        ranks[order[s:e]] = (s + e + 1) / 2.0  # average 1-based rank of a tie group
-    return float((ranks[labels].sum() - n_pos * (n_pos + 1) / 2) / (n_pos * n_neg))
+    return float(roc_auc_score(labels, np.nan_to_num(values, nan=-1e30, posinf=1e30, neginf=-1e30)))
 
 
 def diagnostics(scores: dict, gold: dict, metric=None) -> dict:
