@@ -309,7 +309,8 @@ def run_fold(k, cfg, spec, data_dir, fit_df, valid_df, dev_df, dev_features, fas
         dataloader_num_workers=0, device="cpu", skip_memory_metrics=True, **cfg.get("precision", {}),
     )
     # the fold's share of --max_minutes also pays for the out-of-fold and dev passes after training
-    reserve = InferenceReserve(len(valid_features) + len(dev_features), default_seconds_per_window=0.05 * int(cfg["max_len"]) / 256)
+    reserve = InferenceReserve(len(valid_features) + len(dev_features))
+    reserve.calibrate(model, eval_features, int(cfg["eval_batch_size"]))
     budget = TimeBudget(None if budget_seconds is None else t0 + budget_seconds, eval_at_end=True, reserve=reserve)
     if budget_seconds is not None:
         log.info("fold %d: %.1f min budget, training stops by about %s", k, budget_seconds / 60,

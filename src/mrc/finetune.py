@@ -121,6 +121,18 @@ class InferenceReserve:
         per_window = getattr(self.trainer, "eval_seconds_per_feature", None) or self.default
         return 1.2 * self.n_infer * per_window
 
+    def calibrate(self, model, features: Features, batch_size: int, n: int = 64):
+        """Time the model on up to `n` of `features` (the fold's own evaluation windows) so the reserve is
+        right from the first step: a fixed default is 3x too much for a small model and, on a short
+        budget, stopped training before it began."""
+        if not len(features):
+            return
+        subset = features.subset(range(min(n, len(features))))
+        predict_logits(model, subset, batch_size)  # warm-up: the first call builds kernels
+        t0 = time.time()
+        predict_logits(model, subset, batch_size)
+        self.default = (time.time() - t0) / len(subset)
+
 
 def batched_logits(features: Features, batch_size: int, run_batch, desc: str | None = None) -> dict:
     """The npz logits dict of every feature: `run_batch(collated numpy batch) -> (start [B, L], end [B, L],
