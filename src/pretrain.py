@@ -26,7 +26,7 @@ from pathlib import Path  # noqa: E402
 
 import numpy as np  # noqa: E402
 
-from mrc.errors import MRCError  # noqa: E402
+from mrc.errors import MRCError, first_line  # noqa: E402
 from mrc.io_utils import REPO_ROOT, atomic_write_json, load_yaml_config, write_run_info  # noqa: E402
 from mrc.masking import MaskingConfig  # noqa: E402
 from mrc.pretrain_data import (  # noqa: E402
@@ -211,8 +211,7 @@ def build_model(cfg, tokenizer, init):
         try:
             model = classes.pretraining.from_pretrained(init)
         except Exception as err:  # an unreadable checkpoint is one line naming it, not a traceback
-            first = (str(err).strip().splitlines() or [""])[0][:200]
-            raise MRCError(f"{init}: cannot load the {cfg['arch']} checkpoint ({type(err).__name__}: {first})") from None
+            raise MRCError(f"{init}: cannot load the {cfg['arch']} checkpoint ({first_line(err)})") from None
         log.info("weights: %s.from_pretrained(%s) (a head missing from the checkpoint starts random)",
                  classes.pretraining.__name__, init)
         return model, f"{classes.pretraining.__name__} from {init}"

@@ -23,7 +23,7 @@ import time  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 from mrc.distributed import add_precision_flags, precision_kwargs  # noqa: E402
-from mrc.errors import MRCError  # noqa: E402
+from mrc.errors import MRCError, first_line  # noqa: E402
 from mrc.io_utils import REPO_ROOT, atomic_write_json, load_yaml_config  # noqa: E402
 
 log = logging.getLogger("mrc.train")
@@ -255,8 +255,7 @@ def load_encoder(spec, data_dir):
     except MRCError:
         raise
     except Exception as err:
-        first = (str(err).strip().splitlines() or [""])[0][:200]
-        raise MRCError(f"{spec.source}: cannot load the {spec.arch} checkpoint ({type(err).__name__}: {first})") from None
+        raise MRCError(f"{spec.source}: cannot load the {spec.arch} checkpoint ({first_line(err)})") from None
 
 
 def run_fold(k, cfg, spec, data_dir, fit_df, valid_df, dev_df, dev_features, fast, feat_args, fold_dir, budget_seconds, seed):

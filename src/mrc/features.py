@@ -29,7 +29,7 @@ one of its characters does. Token types then are:
 (DuReader titles are often the question the passage answers, so "which question words are in the
 title" separates answerable from unanswerable questions about as well as the passage does.)
 
-(the model's token-type embedding is extended to 4 rows: mrc.model.extend_token_types).
+(the model's token-type embedding is extended to NUM_MATCH_TYPES = 8 rows: mrc.model.extend_token_types).
 
 Labels: the first answer's token span when it lies wholly inside the window, else [CLS] (index 0)
 for both start and end; unanswerable questions always point at [CLS]. `answerable` per feature is
@@ -44,8 +44,8 @@ import numpy as np
 
 from .errors import MRCError
 
-FEATURE_FORMAT_VERSION = "f1"
-NUM_MATCH_TYPES = 8  # bump when the layout above changes: part of feature_key
+FEATURE_FORMAT_VERSION = "f1"  # bump when the layout above changes: part of feature_key
+NUM_MATCH_TYPES = 8
 
 
 @dataclass

@@ -59,9 +59,9 @@ def extend_token_types(encoder, n_types: int) -> bool:
     if rows >= n_types:
         return False
     new = nn.Embedding(n_types, width)
+    passage_row = old.weight[min(1, rows - 1):][:1]
     with paddle.no_grad():
-        weight = paddle.concat([old.weight] + [old.weight[min(1, rows - 1):min(1, rows - 1) + 1]] * (n_types - rows), axis=0)
-        new.weight.set_value(weight)
+        new.weight.set_value(paddle.concat([old.weight] + [passage_row] * (n_types - rows), axis=0))
     encoder.embeddings.token_type_embeddings = new
     encoder.config.type_vocab_size = n_types
     return True
@@ -77,10 +77,7 @@ def load_fold_model(fold_dir, arch: str) -> SpanAnswerableModel:
     from pathlib import Path
 
     from .backbone import arch_classes
-    from .errors import MRCError
-
-    def first_line(err: Exception) -> str:
-        return f"{type(err).__name__}: {(str(err).strip().splitlines() or [''])[0][:200]}"
+    from .errors import MRCError, first_line
 
     model_dir = Path(fold_dir) / "model"
     weights = model_dir / "model_state.pdparams"
