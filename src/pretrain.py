@@ -204,12 +204,12 @@ def most_frequent_token(store: TokenStore, special_ids) -> int:
 # ---------------------------------------------------------------------------------------------- model
 
 def build_model(cfg, tokenizer, init):
-    from mrc.pretrain_model import new_pretraining_model, pretraining_classes
+    from mrc.pretrain_model import new_pretraining_model, pretraining_classes, tie_output_embeddings
 
     classes = pretraining_classes(cfg["arch"])
     if init is not None:
         try:
-            model = classes.pretraining.from_pretrained(init)
+            model = tie_output_embeddings(classes.pretraining.from_pretrained(init), cfg["arch"])
         except Exception as err:  # an unreadable checkpoint is one line naming it, not a traceback
             raise MRCError(f"{init}: cannot load the {cfg['arch']} checkpoint ({first_line(err)})") from None
         log.info("weights: %s.from_pretrained(%s) (a head missing from the checkpoint starts random)",

@@ -137,7 +137,31 @@ def test_recipe_settings_per_profile_override_the_profile_and_flags_override_bot
         cfg = pretrain.resolve_config(pretrain.parse_args(list(flags)))
         return cfg["learning_rate"], cfg["warmup_ratio"]
 
-    assert lr("--recipe", "albert", "--profile", "cpu") == (3.0e-4, 0.1)  # configs/pretrain.yaml recipes.albert.profiles.cpu
+    assert lr("--recipe", "albert", "--profile", "cpu") == (5.0e-4, 0.1)  # configs/pretrain.yaml recipes.albert.profiles.cpu
     assert lr("--recipe", "bert", "--profile", "cpu") == (1.0e-3, 0.05)  # the profile's own
     assert lr("--recipe", "albert", "--profile", "tiny") == (1.0e-3, 0.0)
     assert lr("--recipe", "albert", "--profile", "cpu", "--learning_rate", "1e-4", "--warmup_ratio", "0") == (1e-4, 0.0)
+
+
+def test_albert_mlm_decoder_shares_the_word_embeddings(tmp_path):
+    """ALBERT ties its MLM decoder to the input embeddings; paddlenlp 2.8.1 ties only in from_pretrained, so a
+    random-init or loaded model was untied. One gradient step moves the shared matrix for both; a model loaded
+    for --init is tied too."""
+    import paddle
+    from paddlenlp.transformers import AlbertForPretraining
+
+    from mrc.pretrain_model import new_pretraining_model, tie_output_embeddings
+
+    sizes = {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2, "intermediate_size": 64}
+    model = new_pretraining_model("albert", sizes, vocab_size=50, pad_token_id=0)
+    embeddings = model.transformer.embeddings.word_embeddings.weight
+    assert model.predictions.decoder.weight is embeddings
+    before = embeddings.numpy().copy()
+    logits = model.predictions(paddle.randn([3, 32]))
+    paddle.nn.functional.cross_entropy(logits, paddle.to_tensor([[1], [2], [3]])).backward()
+    paddle.optimizer.SGD(learning_rate=1.0, parameters=model.parameters()).step()
+    assert not np.allclose(before, model.transformer.embeddings.word_embeddings.weight.numpy())
+    model.save_pretrained(str(tmp_path))
+    loaded = tie_output_embeddings(AlbertForPretraining.from_pretrained(str(tmp_path)), "albert")  # as --init does
+    assert loaded.predictions.decoder.weight is loaded.transformer.embeddings.word_embeddings.weight
+    assert np.allclose(loaded.predictions.decoder.weight.numpy(), model.predictions.decoder.weight.numpy())

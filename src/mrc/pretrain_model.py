@@ -34,7 +34,16 @@ def new_pretraining_model(arch: str, sizes: dict, vocab_size: int, pad_token_id:
         kwargs.setdefault("embedding_size", min(128, sizes["hidden_size"]))
     else:
         kwargs.setdefault("type_vocab_size", 2)
-    return classes.pretraining(classes.config(**kwargs))
+    return tie_output_embeddings(classes.pretraining(classes.config(**kwargs)), arch)
+
+
+def tie_output_embeddings(model, arch: str):
+    """ALBERT's MLM decoder is the word-embedding matrix (as in the paper and HF). paddlenlp 2.8.1 never ties it
+    (neither in __init__, a TODO there, nor in from_pretrained): untied, the random-init ALBERT stayed at the
+    most-frequent-token solution. BERT and ERNIE pass the embedding matrix to their heads and are tied already."""
+    if arch == "albert":
+        model.tie_weights()
+    return model
 
 
 def pretraining_logits(model, arch: str, batch: dict):
