@@ -50,6 +50,8 @@ def build_parser():
     p.add_argument("--own_pretrain", type=parse_bool, default=None, help="use outputs/pretrain/<recipe> when no hub: true|false (default true)")
     p.add_argument("--learning_rate", type=float, default=None, help="peak learning rate (default: the profile's)")
     p.add_argument("--max_len", type=int, default=None, help="tokens per window (default: the profile's)")
+    p.add_argument("--dropout", type=float, default=None,
+                   help="dropout of the encoder (hidden + attention) and the heads (default: the profile's, else the checkpoint's own)")
     p.add_argument("--unanswerable_share", type=float, default=None, help="share of unanswerable questions in the training sample (default: as drawn)")
     p.add_argument("--repeat", nargs="*", default=None, metavar="SOURCE=TIMES",
                    help="repeat a source's questions in each fold's training set, e.g. checklist_demo=10")
@@ -85,7 +87,7 @@ def resolve_config(args) -> dict:
         raise MRCError(f"{args.config}: no profile '{args.profile}' (has {', '.join(profiles)})")
     cfg.update(profiles[args.profile])
     overrides = {"model": args.model, "folds": args.folds, "train_folds": args.train_folds, "use_title": args.use_title, "match_types": args.match_types, "offline_size": args.offline_size,
-                 "own_pretrain": args.own_pretrain, "learning_rate": args.learning_rate, "max_len": args.max_len, "unanswerable_share": args.unanswerable_share,
+                 "own_pretrain": args.own_pretrain, "learning_rate": args.learning_rate, "max_len": args.max_len, "dropout": args.dropout, "unanswerable_share": args.unanswerable_share,
                  "negative_windows": args.negative_windows, "max_questions": args.max_questions,
                  "epochs": args.epochs, "output_dir": args.output_dir, "data_dir": args.data_dir, "seed": args.seed,
                  "max_minutes": args.max_minutes}
@@ -97,6 +99,8 @@ def resolve_config(args) -> dict:
         # the profile's epochs fill `sized_for` minutes; a longer budget trains proportionally longer
         # (the learning-rate schedule ends with the budget instead of idling at the end of the epochs)
         cfg["epochs"] = round(float(cfg["epochs"]) * cfg["max_minutes"] / sized_for, 2)
+    if cfg.get("dropout") is not None and not 0 <= float(cfg["dropout"]) < 1:
+        raise MRCError(f"--dropout {cfg['dropout']}: must be in [0, 1)")
     if cfg.get("unanswerable_share") is not None and not 0 <= float(cfg["unanswerable_share"]) <= 1:
         raise MRCError(f"--unanswerable_share {cfg['unanswerable_share']}: must be between 0 and 1")
     if cfg.get("train_folds") and not 1 <= int(cfg["train_folds"]) <= int(cfg["folds"]):
@@ -245,13 +249,13 @@ def logged_loss_mean(log_history) -> float | None:
     return total / steps if steps else None
 
 
-def load_encoder(spec, data_dir):
+def load_encoder(spec, data_dir, dropout=None):
     """backbone.load_encoder (also builds the project vocab when needed); an unreadable checkpoint is one
     line naming it, not a traceback."""
     from mrc import backbone
 
     try:
-        return backbone.load_encoder(spec, data_dir=data_dir)
+        return backbone.load_encoder(spec, data_dir=data_dir, dropout=dropout)
     except MRCError:
         raise
     except Exception as err:
@@ -291,10 +295,11 @@ def run_fold(k, cfg, spec, data_dir, fit_df, valid_df, dev_df, dev_features, fas
     log.info("fold %d: %d training questions -> %d windows; %d held-out -> %d windows (%d for checkpoint selection)",
              k, len(fit_df), len(train_features), len(valid_df), len(valid_features), len(eval_features))
 
-    encoder, _ = load_encoder(spec, data_dir)
+    encoder, _ = load_encoder(spec, data_dir, dropout=cfg.get("dropout"))
     if feat_args["match_types"] and extend_token_types(encoder, NUM_MATCH_TYPES):
         log.info("fold %d: token-type embedding extended to %d rows for the match types", k, NUM_MATCH_TYPES)
-    model = SpanAnswerableModel(encoder, dropout=cfg["train"]["dropout"])
+    head_dropout = cfg["train"]["dropout"] if cfg.get("dropout") is None else float(cfg["dropout"])
+    model = SpanAnswerableModel(encoder, dropout=head_dropout)
     log.info("fold %d: model %s, %d parameters", k, type(encoder).__name__, count_parameters(model))
     sampler = LengthBucketBatchSampler(train_features.lengths(), int(cfg["batch_size"]), seed=seed + k)
     steps_per_epoch = len(sampler)

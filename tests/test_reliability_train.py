@@ -221,6 +221,8 @@ def test_bad_inputs_are_one_error_line(setup, reference, tmp_path, capsys):
     assert_one_error_line(code, err, "unknown model 'no-such-model-xyz'")
     code, err = run_cli(train.main, ["--model", "./nope"] + common, capsys)
     assert_one_error_line(code, err, "./nope", "checkpoint directory not found")
+    code, err = run_cli(train.main, ["--dropout", "1.5"] + common, capsys)
+    assert_one_error_line(code, err, "--dropout 1.5", "must be in [0, 1)")
 
     # a checkpoint dir with a real config and tokenizer but garbage weights
     corrupt = tmp_path / "corrupt"

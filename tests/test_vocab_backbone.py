@@ -1,6 +1,7 @@
 """Project vocab, the Rust tokenizer's parity with paddlenlp's, and backbone resolution (no silent fallback)."""
 import logging
 
+import numpy as np
 import pytest
 
 from mrc.backbone import has_weights, load_encoder, resolve_backbone
@@ -70,6 +71,33 @@ def test_backbone_prefers_own_pretraining_then_dir(tmp_path):
     assert spec.kind == "local" and spec.arch == "bert"
     loaded, _ = load_encoder(spec)
     assert (loaded.embeddings.word_embeddings.weight.numpy() == model.embeddings.word_embeddings.weight.numpy()).all()
+
+
+
+def test_dropout_override_for_random_init_and_checkpoints(tmp_path):
+    """--dropout sets the encoder's hidden and attention dropout (here 0: the layers become identities, so two
+    forward passes in training mode agree); without it the config's own 0.1 stays. A checkpoint keeps its weights."""
+    import paddle
+
+    build_vocab(TEXTS, tmp_path / "vocab")
+    spec = resolve_backbone("bert", profile="tiny", outputs_dir=tmp_path)
+    default, tok = load_encoder(spec)
+    assert default.config.hidden_dropout_prob == 0.1
+    ids = paddle.to_tensor([tok("北京大学", "在上海")["input_ids"]])
+    default.train()
+    assert not np.allclose(default(ids)[0].numpy(), default(ids)[0].numpy())
+    own = tmp_path / "pretrain" / "bert"
+    default.save_pretrained(str(own))
+    tok.save_pretrained(str(own))
+    for spec in (resolve_backbone("bert", profile="tiny", outputs_dir=tmp_path / "elsewhere"),
+                 resolve_backbone(str(own), profile="tiny", outputs_dir=tmp_path)):
+        if spec.kind == "random":
+            build_vocab(TEXTS, tmp_path / "elsewhere" / "vocab")
+        model, _ = load_encoder(spec, dropout=0.0)
+        assert model.config.hidden_dropout_prob == 0.0 and model.config.attention_probs_dropout_prob == 0.0
+        model.train()
+        assert np.allclose(model(ids)[0].numpy(), model(ids)[0].numpy())
+    assert np.allclose(model.embeddings.word_embeddings.weight.numpy(), default.embeddings.word_embeddings.weight.numpy())
 
 
 @pytest.mark.parametrize("name,fragment", [

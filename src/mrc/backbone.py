@@ -161,19 +161,26 @@ def load_tokenizer_for(spec: BackboneSpec, data_dir=None):
     return load_tokenizer(spec.tokenizer_source)
 
 
-def build_config(spec: BackboneSpec, tokenizer):
+def build_config(spec: BackboneSpec, tokenizer, **overrides):
     classes = arch_classes(spec.arch)
-    sizes = dict(spec.config)
+    sizes = {**spec.config, **overrides}
     return classes.config(vocab_size=len(tokenizer), pad_token_id=tokenizer.pad_token_id, **sizes)
 
 
-def load_encoder(spec: BackboneSpec, data_dir=None):
-    """(paddlenlp encoder, tokenizer) for a resolved spec; logs exactly which weights were loaded."""
+def load_encoder(spec: BackboneSpec, data_dir=None, dropout: float | None = None):
+    """(paddlenlp encoder, tokenizer) for a resolved spec; logs exactly which weights were loaded.
+    `dropout` (None: the config's own) sets the encoder's hidden and attention dropout."""
     classes = arch_classes(spec.arch)
     tokenizer = load_tokenizer_for(spec, data_dir)
+    rates = {} if dropout is None else {"hidden_dropout_prob": float(dropout), "attention_probs_dropout_prob": float(dropout)}
     if spec.kind == "random":
-        model = classes.model(build_config(spec, tokenizer))
+        model = classes.model(build_config(spec, tokenizer, **rates))
+    elif rates:
+        config = classes.config.from_pretrained(spec.source)
+        for key, value in rates.items():
+            setattr(config, key, value)
+        model = classes.model.from_pretrained(spec.source, config=config)
     else:
         model = classes.model.from_pretrained(spec.source)
-    log.info(spec.describe())
+    log.info(spec.describe() + (f"; dropout {dropout:g}" if rates else ""))
     return model, tokenizer
