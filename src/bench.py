@@ -45,6 +45,9 @@ def torch_worker(spec: dict) -> dict:
                         hidden_act="gelu", attn_implementation=spec.get("attn", "eager"))
     results = {"torch": torch.__version__}
     for task in spec["tasks"]:
+        if task["kind"] == "infer":
+            results[task["name"]] = torch_infer_seconds(config, task)
+            continue
         rate = float(task.get("dropout", 0.1))
         config.hidden_dropout_prob = config.attention_probs_dropout_prob = rate
         batch = synthetic_batch(spec["vocab_size"], task["batch"], task["seq"], seed=0)
@@ -91,6 +94,45 @@ def torch_worker(spec: dict) -> dict:
                 times.append(time.perf_counter() - t0)
         results[task["name"]] = statistics.median(times)
     return results
+
+
+def torch_infer_seconds(config, task) -> float:
+    """Median seconds of a forward-only pass of `task["models"]` HF BertModels + span/answerable heads over batches
+    of the given [rows, width] shapes (random ids and weights: the same shapes as the paddle side's real batches)."""
+    import statistics
+    import time
+
+    import numpy as np
+    import torch
+
+    config.type_vocab_size = int(task.get("type_vocab_size", 2))
+    rng = np.random.RandomState(0)
+    batches = [(torch.from_numpy(rng.randint(5, config.vocab_size, size=(n, w)).astype(np.int64)),
+                torch.from_numpy(rng.randint(0, config.type_vocab_size, size=(n, w)).astype(np.int64))) for n, w in task["shapes"]]
+    from transformers import BertModel
+
+    models = []
+    for _ in range(int(task["models"])):
+        encoder = BertModel(config).eval()
+        models.append((encoder, torch.nn.Linear(config.hidden_size, 2), torch.nn.Linear(config.hidden_size, 2)))
+
+    def one_pass():
+        with torch.inference_mode():
+            for encoder, span, answerable in models:
+                for ids, types in batches:
+                    seq, pooled = encoder(ids, attention_mask=(ids != 0).long(), token_type_ids=types, return_dict=False)[:2]
+                    span(seq), answerable(pooled)
+
+    for encoder, _, _ in models:  # warm-up: the two longest batches
+        with torch.inference_mode():
+            for ids, types in batches[-2:]:
+                encoder(ids, token_type_ids=types)
+    times = []
+    for _ in range(int(task["passes"])):
+        t0 = time.perf_counter()
+        one_pass()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
 
 
 def synthetic_batch(vocab_size: int, batch: int, seq: int, seed: int = 0, mask_prob: float = 0.15):
@@ -561,9 +603,20 @@ def part_infer(ctx, table):
             ids[r, : len(feats.input_ids[i])] = feats.input_ids[i]
             types[r, : len(feats.token_type_ids[i])] = feats.token_type_ids[i]
         batches.append((idx, ids, types))
-    table.add("infer", f"fold ensemble ({folds} folds) dynamic graph", len(dev) / t_dyn, None, "questions/s",
+    enc_config = models[0].encoder.config
+    torch_sizes = {k: int(getattr(enc_config, k)) for k in ("hidden_size", "num_hidden_layers", "num_attention_heads",
+                                                           "intermediate_size", "max_position_embeddings")}
+    result = run_torch(ctx, {"threads": int(os.environ.get("OMP_NUM_THREADS", "2")), "sizes": torch_sizes,
+                             "vocab_size": int(enc_config.vocab_size),
+                             "tasks": [{"name": "infer", "kind": "infer", "models": folds, "passes": passes,
+                                        "type_vocab_size": int(enc_config.type_vocab_size),
+                                        "shapes": [[int(ids.shape[0]), int(ids.shape[1])] for _, ids, _ in batches]}]}) or {}
+    t_torch = result.get("infer")
+    torch_note = (f"reference = PyTorch {result.get('torch')} eager (HF BertModel + heads, same sizes and batches, "
+                  f"inference_mode) {len(dev) / t_torch:.1f} q/s" if t_torch else "no PyTorch reference (.venv-bench missing)")
+    table.add("infer", f"fold ensemble ({folds} folds) dynamic graph", len(dev) / t_dyn, len(dev) / t_torch if t_torch else None, "questions/s",
               f"{len(dev)} dev questions, {len(feats)} windows, batch {batch_size}, length-sorted; forward only; "
-              f"median of {passes} pass(es) after 2 warm-up batches; {'trained' if exp.parent.name == 'outputs' else 'stand-in'} folds {exp.name}")
+              f"median of {passes} pass(es) after 2 warm-up batches; {'trained' if exp.parent.name == 'outputs' else 'stand-in'} folds {exp.name}; {torch_note}")
     for mkldnn in (False, True):
         runners = [InferenceRunner(p, mkldnn=mkldnn, threads=int(os.environ.get("OMP_NUM_THREADS", "2"))) for p in prefixes]
         first = {}
@@ -582,9 +635,11 @@ def part_infer(ctx, table):
         idx0 = batches[0][0]
         diff = max(float(np.abs(first["start"][r, :n] - dyn_logits[0]["start_logits"][i, :n]).max())
                    for r, i in enumerate(idx0) for n in [len(feats.input_ids[i])])  # real tokens (padding differs by design)
+        reference = ("PyTorch eager", t_torch) if t_torch else ("the paddle dynamic graph", t_dyn)
         table.add("infer", f"fold ensemble static graph (paddle.inference, MKLDNN {'on' if mkldnn else 'off'})",
-                  len(dev) / t_static, len(dev) / t_dyn, "questions/s",
-                  f"reference = dynamic graph; max |start logit diff| vs dynamic {diff:.2g}; paddle {paddle.__version__}")
+                  len(dev) / t_static, len(dev) / reference[1], "questions/s",
+                  f"reference = {reference[0]}; dynamic graph {len(dev) / t_dyn:.1f} q/s; max |start logit diff| vs dynamic "
+                  f"{diff:.2g}; paddle {paddle.__version__}")
 
 
 # --------------------------------------------------------------------------------------- features
