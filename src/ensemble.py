@@ -180,7 +180,8 @@ def main(argv=None):
              else "weights and threshold", len(oof_gold), fusion, f"weights {weights}" if weights else f"grid step {args.weight_step}")
     oof_hand = answerability.hand_feature_table(oof_df) if "stack" in modes else None
     tuned = ensemble.tune_on_oof([m["oof"] for m in members], oof_gold, contexts, post, fusion, modes, weights,
-                                 args.weight_step, names, log=log, hand=oof_hand, seed=int(defaults.get("seed", 42)))
+                                 args.weight_step, names, log=log, hand=oof_hand, seed=int(defaults.get("seed", 42)),
+                                 target_unanswerable_share=members[0]["config"].get("target_unanswerable_share"))
     oof_pred = postprocess.decide(tuned.pop("scores"), tuned["threshold"], tuned["mode"])
     cv = metric.evaluate(oof_gold, oof_pred)
     cv_no_answer = metric.evaluate(oof_gold, {i: metric.NO_ANSWER for i in oof_gold})
@@ -222,7 +223,8 @@ def main(argv=None):
     result = {
         "name": args.name, "fusion": fusion, "members": names, "weights": tuned["weights"],
         "weights_tuned": weights is None and len(members) > 1, "weight_grid": tuned["grid"],
-        "threshold": {"mode": tuned["mode"], "threshold": tuned["threshold"], "tuned_on": "out-of-fold", "stacker": tuned["stacker"]},
+        "threshold": {"mode": tuned["mode"], "threshold": tuned["threshold"], "tuned_on": "out-of-fold", "stacker": tuned["stacker"],
+                      "target_unanswerable_share": tuned.get("target_unanswerable_share")},
         "cv": _short(cv), "cv_all_no_answer": _short(cv_no_answer),
         "member_cv": {m["name"]: m["cv"].get("cv") for m in members}, "member_dev": {m["name"]: m["cv"].get("dev") for m in members},
         "input": str(input_path), "test_logits": dict(zip(names, origins)),

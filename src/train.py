@@ -194,9 +194,10 @@ def main(argv=None):
             log.info("stacked no-answer decision: fitted on %d out-of-fold questions; largest weights %s",
                      stacker["questions"], answerability.describe(stacker))
     modes = [m for m in cfg["threshold_modes"] if m != "stack" or stacker is not None]
-    tuned = postprocess.tune_threshold(oof_scores, gold_train, modes)
+    tuned = postprocess.tune_threshold(oof_scores, gold_train, modes, target_unanswerable_share=cfg.get("target_unanswerable_share"))
     threshold = {"mode": tuned["mode"], "threshold": tuned["threshold"], "tuned_on": "out-of-fold", "oof_F1": tuned["F1"],
-                 "oof_EM": tuned["EM"], "questions": tuned["total"], "feature_key": dev_features.key, "stacker": stacker}
+                 "oof_EM": tuned["EM"], "questions": tuned["total"], "feature_key": dev_features.key, "stacker": stacker,
+                 "target_unanswerable_share": cfg.get("target_unanswerable_share")}
     atomic_write_json(exp_dir / "threshold.json", threshold)
     dev_logits = postprocess.average_logits([postprocess.load_logits(exp_dir / f"fold{k}" / "dev.npz") for k in fold_ids])
     dev_scores = score_examples(dev_logits, dev_df, cfg["post"])
@@ -341,7 +342,8 @@ def run_fold(k, cfg, spec, data_dir, fit_df, valid_df, dev_df, dev_features, fas
         postprocess.save_logits(fold_dir / "dev.npz", dev_logits)
 
     oof_scores = score_examples(oof_logits, valid_df, cfg["post"])
-    tuned = postprocess.tune_threshold(oof_scores, metric.gold_from_examples(valid_df), model_modes(cfg))
+    tuned = postprocess.tune_threshold(oof_scores, metric.gold_from_examples(valid_df), model_modes(cfg),
+                                       target_unanswerable_share=cfg.get("target_unanswerable_share"))
     dev_pred = postprocess.decide(score_examples(dev_logits, dev_df, cfg["post"]), tuned["threshold"], tuned["mode"])
     dev_result = metric.evaluate(metric.gold_from_examples(dev_df), dev_pred)
     log_history = [h for h in trainer.state.log_history if "loss" in h]

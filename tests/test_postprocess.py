@@ -157,3 +157,37 @@ def test_rank_auc_and_diagnostics():
               "b": {"text": "北京", "score": 2.0, "start": 0, "null_score": 1.0, "p_answerable": 0.2}}
     d = postprocess.diagnostics(scores, gold)
     assert d["auc_prob"] == 1.0 and d["auc_null"] == 1.0 and 0 < d["answerable_span_F1"] < 100
+
+
+def test_label_shift_weighting_matches_brute_force_and_answers_less():
+    """With target_unanswerable_share the threshold maximises the F1 of the questions reweighted to that share
+    (brute force over every cut: the same optimum); a higher unanswerable share never answers more."""
+    from mrc.postprocess import label_shift_weights
+
+    rng = np.random.default_rng(1)
+    gold, scores = {}, {}
+    for i in range(80):
+        impossible = bool(rng.random() < 0.3)  # a training-like mix: 30% unanswerable
+        gold[f"q{i}"] = {"answers": [] if impossible else ["博雅塔"], "is_impossible": impossible, "category": "in-domain"}
+        text = "博雅塔" if rng.random() < 0.6 else "海淀区"
+        p = float(np.clip(rng.normal(0.4 if impossible else 0.6, 0.2), 0, 1))
+        scores[f"q{i}"] = {"text": text, "score": 0.0, "null_score": 0.0, "p_answerable": p}
+    ids = list(gold)
+    impossible = np.array([gold[i]["is_impossible"] for i in ids])
+    w = label_shift_weights(impossible, 0.6)
+    assert w[impossible].sum() / w.sum() == pytest.approx(0.6) and w.sum() == pytest.approx(len(ids))
+    assert (label_shift_weights(impossible) == 1).all() and (label_shift_weights(np.zeros(5, bool), 0.6) == 1).all()
+    with pytest.raises(MRCError, match="strictly between 0 and 1"):
+        label_shift_weights(impossible, 1.0)
+
+    def weighted_f1(threshold):
+        pred = decide(scores, threshold, "prob")
+        return 100 * sum(wi * metric.score_one(pred[i], gold[i])[0] for i, wi in zip(ids, w)) / w.sum()
+
+    tuned = tune_threshold(scores, gold, modes=("prob",), target_unanswerable_share=0.6)
+    values = sorted({s["p_answerable"] for s in scores.values()})
+    best = max(weighted_f1(t) for t in [values[0] - 1] + values + [values[-1] + 1])
+    assert tuned["weighted_F1"] == pytest.approx(best, abs=1e-3) == pytest.approx(weighted_f1(tuned["threshold"]), abs=1e-3)
+    assert tuned["F1"] == pytest.approx(metric.evaluate(gold, decide(scores, tuned["threshold"], "prob"))["F1"])
+    answered = [tune_threshold(scores, gold, ("prob",), target_unanswerable_share=t)["answered"] for t in (0.1, 0.3, 0.6, 0.9)]
+    assert answered == sorted(answered, reverse=True) and answered[0] > answered[-1]

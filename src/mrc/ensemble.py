@@ -298,13 +298,15 @@ def oof_scores(members_folds: list[list[dict]], weights, contexts: dict, post: d
 
 
 def tune_on_oof(members_folds, gold: dict, contexts: dict, post: dict, fusion="auto", modes=postprocess.MODEL_MODES,
-                weights=None, weight_step=0.25, names=None, metric=None, log=None, hand=None, seed=42) -> dict:
+                weights=None, weight_step=0.25, names=None, metric=None, log=None, hand=None, seed=42,
+                target_unanswerable_share=None) -> dict:
     """Weights (grid on the simplex unless given) and no-answer mode/threshold maximising the official
     F1 of the fused out-of-fold predictions. Returns {"weights", "mode", "threshold", "F1", "EM",
     "answered", "total", "grid": [(weights, F1), ...], "stacker": parameters or None, "scores": the fused
     OOF scores of the chosen weights}. Only OOF data goes
     in: the test input cannot change the result. Mode "stack" fits mrc.answerability's stacker on each
-    candidate's fused OOF scores (`hand`: the OOF questions' hand_feature_table)."""
+    candidate's fused OOF scores (`hand`: the OOF questions' hand_feature_table). With
+    `target_unanswerable_share` the objective is the label-shift weighted F1 (postprocess.tune_threshold)."""
     from . import answerability
 
     if "stack" in modes and hand is None:
@@ -318,14 +320,17 @@ def tune_on_oof(members_folds, gold: dict, contexts: dict, post: dict, fusion="a
     for cand in candidates:
         scores = oof_scores(members_folds, cand, contexts, post, fusion, names, cache)
         stacker = answerability.fit_stacker(scores, hand, gold, seed) if "stack" in modes else None
-        tuned = postprocess.tune_threshold(scores, gold, [m for m in modes if m != "stack" or stacker is not None], metric)
+        tuned = postprocess.tune_threshold(scores, gold, [m for m in modes if m != "stack" or stacker is not None], metric,
+                                           target_unanswerable_share)
         tuned["stacker"] = stacker
-        grid.append((list(cand), tuned["F1"]))
+        objective = tuned.get("weighted_F1", tuned["F1"])
+        grid.append((list(cand), objective))
         if log:
-            log.info("weights %s: OOF F1 %.3f (%s >= %.4g)", [round(c, 3) for c in cand], tuned["F1"], tuned["mode"], tuned["threshold"])
-        if best is None or tuned["F1"] > best[1]["F1"] + 1e-9:  # ties keep the earlier (equal weights first)
-            best = (cand, {**tuned, "scores": scores})
-    cand, tuned = best
+            log.info("weights %s: OOF F1 %.3f%s (%s >= %.4g)", [round(c, 3) for c in cand], tuned["F1"],
+                     f", label-shift weighted {objective:.3f}" if "weighted_F1" in tuned else "", tuned["mode"], tuned["threshold"])
+        if best is None or objective > best[2] + 1e-9:  # ties keep the earlier (equal weights first)
+            best = (cand, {**tuned, "scores": scores}, objective)
+    cand, tuned, _ = best
     return {"weights": list(cand), **tuned, "grid": grid}
 
 

@@ -183,13 +183,18 @@ def decide(scores: dict, threshold: float, mode: str) -> dict:
     return out
 
 
-def tune_threshold(scores: dict, gold: dict, modes=MODEL_MODES, metric=None) -> dict:
+def tune_threshold(scores: dict, gold: dict, modes=MODEL_MODES, metric=None, target_unanswerable_share=None) -> dict:
     """Mode and threshold maximising the official F1 over the ids of `gold` (out-of-fold predictions).
 
     Each example's F1 is computed by the official metric (metric.score_one) twice, once answered with its best span and
     once with 'no answer'; a threshold answers exactly the examples whose decision value reaches it,
     so the total F1 of every threshold is a cumulative sum. The winner is re-checked with the full
     official evaluation. Returns {"mode", "threshold", "F1", "EM", "answered", "total"}.
+
+    `target_unanswerable_share` (label shift): the out-of-fold questions are weighted so that unanswerable ones make
+    up that share (the target task's, e.g. ~0.52 for DuReader-checklist against ~0.27 in the training mix) before
+    the threshold is chosen: what answering costs depends on how often the answer is `no answer`. "F1"/"EM" stay
+    the plain out-of-fold scores; "weighted_F1" is the objective that was maximised.
     """
     if metric is None:
         from . import metric
@@ -197,13 +202,14 @@ def tune_threshold(scores: dict, gold: dict, modes=MODEL_MODES, metric=None) -> 
     if len(ids) != len(gold):
         missing = [i for i in gold if i not in scores][:3]
         raise MRCError(f"threshold tuning: no scores for {len(gold) - len(ids)} gold ids (e.g. {missing})")
+    weights = label_shift_weights([bool(gold[i]["is_impossible"]) for i in ids], target_unanswerable_share)
     f1_answer = np.array([_single_f1(metric, gold[i], scores[i]["text"] or NO_ANSWER) for i in ids])
     f1_null = np.array([_single_f1(metric, gold[i], NO_ANSWER) for i in ids])
     best = None
     for mode in modes:
         values = np.array([decision_value(scores[i], mode) for i in ids], dtype=np.float64)
         order = np.argsort(-values, kind="stable")
-        v, gain = values[order], (f1_answer - f1_null)[order]
+        v, gain = values[order], (weights * (f1_answer - f1_null))[order]
         # answering the top-k examples: total = sum(null) + cumsum(gain)[k-1]
         totals = np.concatenate([[0.0], np.cumsum(gain)])
         # cut only between distinct values: ties are decided together
@@ -223,8 +229,28 @@ def tune_threshold(scores: dict, gold: dict, modes=MODEL_MODES, metric=None) -> 
     _, mode, threshold = best
     predictions = decide({i: scores[i] for i in ids}, threshold, mode)
     result = metric.evaluate(gold, predictions)
-    return {"mode": mode, "threshold": threshold, "F1": result["F1"], "EM": result["EM"],
-            "answered": int(sum(p != NO_ANSWER for p in predictions.values())), "total": len(ids)}
+    out = {"mode": mode, "threshold": threshold, "F1": result["F1"], "EM": result["EM"],
+           "answered": int(sum(p != NO_ANSWER for p in predictions.values())), "total": len(ids)}
+    if target_unanswerable_share is not None:
+        out["target_unanswerable_share"] = float(target_unanswerable_share)
+        out["weighted_F1"] = round(100.0 * float(weights @ f1_null + best[0]) / float(weights.sum()), 3)
+    return out
+
+
+def label_shift_weights(unanswerable, target_share=None) -> np.ndarray:
+    """Per-question weights giving the unanswerable questions `target_share` of the total weight (all 1 when None,
+    or when one class is absent)."""
+    unanswerable = np.asarray(unanswerable, dtype=bool)
+    weights = np.ones(len(unanswerable))
+    if target_share is None:
+        return weights
+    if not 0 < float(target_share) < 1:
+        raise MRCError(f"target_unanswerable_share {target_share}: must be strictly between 0 and 1")
+    share = unanswerable.mean() if len(unanswerable) else 0.0
+    if 0 < share < 1:
+        weights[unanswerable] = float(target_share) / share
+        weights[~unanswerable] = (1 - float(target_share)) / (1 - share)
+    return weights
 
 
 def _single_f1(metric, gold_rec: dict, prediction: str) -> float:
