@@ -559,6 +559,7 @@ def part_infer(ctx, table):
     from mrc.export import InferenceRunner, export_fold_model
     from mrc.features import build_features
     from mrc.finetune import predict_logits
+    from mrc.folds import trained_folds
     from mrc.io_utils import read_json
     from mrc.vocab import fast_tokenizer, load_tokenizer
     from mrc.model import load_fold_model
@@ -575,8 +576,9 @@ def part_infer(ctx, table):
     fast = fast_tokenizer(load_tokenizer(str(exp / "tokenizer")))
     f = info["features"]
     feats = build_features(dev, fast, f["max_len"], f["stride"], f["use_title"])
-    arch, folds = info["backbone"]["arch"], int(info["folds"])
-    models = [load_fold_model(exp / f"fold{k}", arch) for k in range(folds)]
+    arch, fold_ids = info["backbone"]["arch"], trained_folds(info)  # --train_folds: only those folds have models
+    folds = len(fold_ids)
+    models = [load_fold_model(exp / f"fold{k}", arch) for k in fold_ids]
     batch_size = 32
 
     # a "step" here is a whole pass over the questions: 2 warm-up batches per model, then the median of
@@ -592,7 +594,7 @@ def part_infer(ctx, table):
         predict_logits(m, warm, batch_size)
     t_dyn = timed_passes(dynamic, passes)
     dyn_logits = dynamic()
-    prefixes = [export_fold_model(exp / f"fold{k}", arch, ctx.tmp / "export" / f"fold{k}", model=m) for k, m in enumerate(models)]
+    prefixes = [export_fold_model(exp / f"fold{k}", arch, ctx.tmp / "export" / f"fold{k}", model=m) for k, m in zip(fold_ids, models)]
     batches = []
     for s in range(0, len(order), batch_size):
         idx = order[s: s + batch_size]
