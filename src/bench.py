@@ -413,7 +413,7 @@ def part_train(ctx, table):
     batch = 4 if ctx.quick else ctx.args.batch_size
     tasks = [{"name": f"{kind}@{seq}", "kind": kind, "seq": seq, "batch": batch, "steps": ctx.steps, "dropout": 0.1}
              for kind in ("pretrain", "qa") for seq in seqs]
-    # from random init the offline models train without dropout (--dropout 0): Paddle's CPU dropout is slow
+    # one QA row without dropout on both sides (train --dropout 0, an option for models trained from random init)
     mid = seqs[len(seqs) // 2]
     tasks.append({"name": f"qa-nodropout@{mid}", "kind": "qa", "seq": mid, "batch": batch, "steps": ctx.steps, "dropout": 0.0})
     # paddle and torch alternate per configuration, so both sides of a ratio see about the same machine load

@@ -101,6 +101,10 @@ def resolve_config(args) -> dict:
         cfg["epochs"] = round(float(cfg["epochs"]) * cfg["max_minutes"] / sized_for, 2)
     if cfg.get("dropout") is not None and not 0 <= float(cfg["dropout"]) < 1:
         raise MRCError(f"--dropout {cfg['dropout']}: must be in [0, 1)")
+    if cfg.get("target_unanswerable_share") is not None:  # checked here, not after the training it would end
+        from mrc.postprocess import label_shift_weights
+
+        label_shift_weights([True, False], cfg["target_unanswerable_share"])
     if cfg.get("unanswerable_share") is not None and not 0 <= float(cfg["unanswerable_share"]) <= 1:
         raise MRCError(f"--unanswerable_share {cfg['unanswerable_share']}: must be between 0 and 1")
     if cfg.get("train_folds") and not 1 <= int(cfg["train_folds"]) <= int(cfg["folds"]):

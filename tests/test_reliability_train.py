@@ -223,6 +223,11 @@ def test_bad_inputs_are_one_error_line(setup, reference, tmp_path, capsys):
     assert_one_error_line(code, err, "./nope", "checkpoint directory not found")
     code, err = run_cli(train.main, ["--dropout", "1.5"] + common, capsys)
     assert_one_error_line(code, err, "--dropout 1.5", "must be in [0, 1)")
+    bad_share = tmp_path / "bad_share.yaml"  # refused before any training, not after it
+    bad_share.write_text(Path(setup["config"]).read_text(encoding="utf-8") + "\ntarget_unanswerable_share: 1.5\n", encoding="utf-8")
+    code, err = run_cli(train.main, ["--exp", "bad_share"] + common[:-1] + [str(bad_share)], capsys)
+    assert_one_error_line(code, err, "target_unanswerable_share 1.5", "strictly between 0 and 1")
+    assert not (tmp_path / "o" / "bad_share").exists()
 
     # a checkpoint dir with a real config and tokenizer but garbage weights
     corrupt = tmp_path / "corrupt"

@@ -39,8 +39,9 @@ def new_pretraining_model(arch: str, sizes: dict, vocab_size: int, pad_token_id:
 
 def tie_output_embeddings(model, arch: str):
     """ALBERT's MLM decoder is the word-embedding matrix (as in the paper and HF). paddlenlp 2.8.1 never ties it
-    (neither in __init__, a TODO there, nor in from_pretrained): untied, the random-init ALBERT stayed at the
-    most-frequent-token solution. BERT and ERNIE pass the embedding matrix to their heads and are tied already."""
+    (neither in __init__, a TODO there, nor in from_pretrained): untied, the random-init ALBERT learned far slower
+    (held-out MLM 0.053 against 0.092 tied after 1500 cpu-profile steps). BERT and ERNIE pass the embedding matrix
+    to their heads and are tied already."""
     if arch == "albert":
         model.tie_weights()
     return model
