@@ -209,6 +209,7 @@ def main(argv=None):
                                   [names[i] for i in active])
     if tuned["stacker"] is not None:
         answerability.apply_stacker(scores, answerability.hand_feature_table(df), tuned["stacker"])
+    scores = postprocess.expand_answers(scores, test_contexts, post.get("expand_to"))  # target-task answer shape
     predictions = postprocess.decide(scores, tuned["threshold"], tuned["mode"])
     predictions = {i: predictions[i] for i in gold if i in predictions}
     check_complete(predictions, list(gold), str(input_path))

@@ -89,7 +89,7 @@ def main(argv=None):
         raise MRCError(f"--batch_size must be positive, got {args.batch_size}")
 
     from mrc import data, metric, postprocess
-    from mrc.finetune import score_examples
+    from mrc.finetune import score_examples, target_answers
     from mrc.io_utils import atomic_write_json
 
     info, threshold = read_json(exp_dir / "train_info.json"), read_json(exp_dir / "threshold.json")
@@ -109,6 +109,7 @@ def main(argv=None):
         from mrc import answerability
 
         answerability.apply_stacker(scores, answerability.hand_feature_table(df), threshold["stacker"])
+    scores = target_answers(scores, df, info["post"])
     predictions = postprocess.decide(scores, threshold["threshold"], threshold["mode"])
     check_complete(predictions, ids, args.input)
     if args.logits_out:

@@ -16,6 +16,7 @@ from mrc import runtime  # noqa: F401,E402  (threads/MKL env before paddle)
 
 import argparse  # noqa: E402
 import json  # noqa: E402
+import random  # noqa: E402
 import logging  # noqa: E402
 import re  # noqa: E402
 import shutil  # noqa: E402
@@ -55,6 +56,9 @@ def build_parser():
     p.add_argument("--unanswerable_share", type=float, default=None, help="share of unanswerable questions in the training sample (default: as drawn)")
     p.add_argument("--repeat", nargs="*", default=None, metavar="SOURCE=TIMES",
                    help="repeat a source's questions in each fold's training set, e.g. checklist_demo=10")
+    p.add_argument("--swap_negatives", type=float, default=None,
+                   help="add unanswerable copies of this share of a fold's answerable training questions, one key word "
+                        "swapped for a look-alike (mrc.augment; default: the profile's, else 0)")
     p.add_argument("--negative_windows", type=float, default=None,
                    help="share of answer-less training windows of answerable questions kept (default: the profile's, else 1)")
     p.add_argument("--max_minutes", type=float, default=None, help="wall-clock budget for the whole run (folds share it)")
@@ -88,7 +92,7 @@ def resolve_config(args) -> dict:
     cfg.update(profiles[args.profile])
     overrides = {"model": args.model, "folds": args.folds, "train_folds": args.train_folds, "use_title": args.use_title, "match_types": args.match_types, "offline_size": args.offline_size,
                  "own_pretrain": args.own_pretrain, "learning_rate": args.learning_rate, "max_len": args.max_len, "dropout": args.dropout, "unanswerable_share": args.unanswerable_share,
-                 "negative_windows": args.negative_windows, "max_questions": args.max_questions,
+                 "negative_windows": args.negative_windows, "swap_negatives": args.swap_negatives, "max_questions": args.max_questions,
                  "epochs": args.epochs, "output_dir": args.output_dir, "data_dir": args.data_dir, "seed": args.seed,
                  "max_minutes": args.max_minutes}
     cfg.update({k: v for k, v in overrides.items() if v is not None})
@@ -107,6 +111,8 @@ def resolve_config(args) -> dict:
         label_shift_weights([True, False], cfg["target_unanswerable_share"])
     if cfg.get("unanswerable_share") is not None and not 0 <= float(cfg["unanswerable_share"]) <= 1:
         raise MRCError(f"--unanswerable_share {cfg['unanswerable_share']}: must be between 0 and 1")
+    if not 0 <= float(cfg.get("swap_negatives") or 0) <= 1:
+        raise MRCError(f"--swap_negatives {cfg['swap_negatives']}: must be between 0 and 1")
     if cfg.get("train_folds") and not 1 <= int(cfg["train_folds"]) <= int(cfg["folds"]):
         raise MRCError(f"--train_folds {cfg['train_folds']}: must be between 1 and the number of folds ({cfg['folds']})")
     cfg["profile"] = args.profile
@@ -182,7 +188,7 @@ def main(argv=None):
         return 0  # rank 0 alone does the overall out-of-fold threshold and CV
 
     # overall: threshold on every out-of-fold prediction, dev from the mean of the fold models' logits
-    from mrc.finetune import score_examples
+    from mrc.finetune import score_examples, target_answers
 
     oof_scores = {}
     for k in fold_ids:
@@ -207,6 +213,7 @@ def main(argv=None):
     dev_scores = score_examples(dev_logits, dev_df, cfg["post"])
     if stacker is not None:
         answerability.apply_stacker(dev_scores, answerability.hand_feature_table(dev_df), stacker)
+    dev_scores = target_answers(dev_scores, dev_df, cfg["post"])
     dev_pred = postprocess.decide(dev_scores, tuned["threshold"], tuned["mode"])
     atomic_write_json(exp_dir / "dev_predictions.json", dev_pred)
     no_answer = lambda gold: metric.evaluate(gold, {i: metric.NO_ANSWER for i in gold})  # noqa: E731
@@ -280,7 +287,7 @@ def run_fold(k, cfg, spec, data_dir, fit_df, valid_df, dev_df, dev_features, fas
     from mrc.features import build_features
     from mrc.callbacks import TimeBudget, last_complete_checkpoint
     from mrc.finetune import (FeatureDataset, InferenceReserve, LengthBucketBatchSampler, MRCTrainer, SamplerEpoch, collate,
-                              predict_logits, save_state_atomic, score_examples)
+                              predict_logits, save_state_atomic, score_examples, target_answers)
     from mrc.io_utils import set_all_seeds
     from mrc.features import NUM_MATCH_TYPES
     from mrc.model import SpanAnswerableModel, count_parameters, extend_token_types
@@ -290,6 +297,12 @@ def run_fold(k, cfg, spec, data_dir, fit_df, valid_df, dev_df, dev_features, fas
     fold_dir.mkdir(parents=True, exist_ok=True)
     from mrc.sampling import keep_negative_windows, repeat_sources
 
+    if cfg.get("swap_negatives"):  # before the repeats: one copy per question, unique ids
+        import pandas as pd
+
+        from mrc.augment import swap_negatives
+
+        fit_df = pd.concat([fit_df, swap_negatives(fit_df, float(cfg["swap_negatives"]), random.Random(seed + k))], ignore_index=True)
     fit_df = repeat_sources(fit_df, cfg.get("repeat_sources") or {})
     train_features = keep_negative_windows(build_features(fit_df, fast, **feat_args), float(cfg.get("negative_windows", 1.0)), seed + k)
     valid_features = build_features(valid_df, fast, **feat_args)
@@ -348,11 +361,12 @@ def run_fold(k, cfg, spec, data_dir, fit_df, valid_df, dev_df, dev_features, fas
     oof_scores = score_examples(oof_logits, valid_df, cfg["post"])
     tuned = postprocess.tune_threshold(oof_scores, metric.gold_from_examples(valid_df), model_modes(cfg),
                                        target_unanswerable_share=cfg.get("target_unanswerable_share"))
-    dev_pred = postprocess.decide(score_examples(dev_logits, dev_df, cfg["post"]), tuned["threshold"], tuned["mode"])
+    dev_pred = postprocess.decide(target_answers(score_examples(dev_logits, dev_df, cfg["post"]), dev_df, cfg["post"]), tuned["threshold"], tuned["mode"])
     dev_result = metric.evaluate(metric.gold_from_examples(dev_df), dev_pred)
     log_history = [h for h in trainer.state.log_history if "loss" in h]
     fold_metrics = {
-        "fold": k, "train_questions": len(fit_df), "train_windows": len(train_features), "valid_questions": len(valid_df),
+        "fold": k, "train_questions": len(fit_df), "swap_negatives": int(fit_df["id"].astype(str).str.endswith("#swap").sum()),
+        "train_windows": len(train_features), "valid_questions": len(valid_df),
         "steps": trainer.state.global_step, "steps_per_epoch": steps_per_epoch, "stopped_by_time_budget": budget.stopped_early,
         "best_checkpoint": str(trainer.state.best_model_checkpoint), "best_select": trainer.state.best_metric,
         "train_loss_first": log_history[0]["loss"] if log_history else None,

@@ -191,3 +191,23 @@ def test_label_shift_weighting_matches_brute_force_and_answers_less():
     assert tuned["F1"] == pytest.approx(metric.evaluate(gold, decide(scores, tuned["threshold"], "prob"))["F1"])
     answered = [tune_threshold(scores, gold, ("prob",), target_unanswerable_share=t)["answered"] for t in (0.1, 0.3, 0.6, 0.9)]
     assert answered == sorted(answered, reverse=True) and answered[0] > answered[-1]
+
+
+def test_expand_answers_grows_spans_to_their_clause_or_sentence():
+    context = "孕妇吃扁桃仁一般不会导致病变,适量食用对宝宝有好处。不过要注意膳食搭配。"
+    span = context.index("不会导致")
+    rec = {"text": "不会导致", "start": span, "score": 1.0, "null_score": 0.0, "p_answerable": 0.9}
+    empty = {"text": "", "start": -1, "score": -np.inf, "null_score": 0.0, "p_answerable": 0.1}
+    scores = {"a": rec, "b": empty}
+    contexts = {"a": context, "b": context}
+    sentence = postprocess.expand_answers(scores, contexts, "sentence")
+    assert sentence["a"]["text"] == "孕妇吃扁桃仁一般不会导致病变,适量食用对宝宝有好处" and sentence["a"]["start"] == 0
+    clause = postprocess.expand_answers(scores, contexts, "clause")
+    assert clause["a"]["text"] == "孕妇吃扁桃仁一般不会导致病变"
+    assert sentence["b"] == empty and scores["a"]["text"] == "不会导致"  # no span stays none; the input is not changed
+    assert postprocess.expand_answers(scores, contexts, None) is scores
+    # a span that already ends its sentence keeps its end; one in the last sentence stops at the passage's end
+    assert postprocess.expand_span(context, context.index("适量"), context.index("。") + 1, "sentence") == (0, context.index("。") + 1)
+    assert postprocess.expand_span(context, context.index("膳食"), context.index("膳食") + 2, "sentence") == (context.index("不过"), len(context) - 1)
+    with pytest.raises(MRCError, match="expand_to"):
+        postprocess.expand_answers(scores, contexts, "paragraph")

@@ -130,7 +130,8 @@ def test_one_of_k_folds_with_match_types_and_the_stacker(tiny_run, data_dir, tmp
     out.mkdir()
     (out / "vocab").symlink_to(tiny_run[0] / "vocab")
     base = ["--model", "ernie", "--profile", "tiny", "--exp", "one", "--output_dir", str(out), "--data_dir", str(data_dir)]
-    args = base + ["--folds", "3", "--train_folds", "1", "--match_types", "true", "--max_questions", "60", "--unanswerable_share", "0.5"]
+    args = base + ["--folds", "3", "--train_folds", "1", "--match_types", "true", "--max_questions", "60", "--unanswerable_share", "0.5",
+                   "--swap_negatives", "1.0"]
     assert train.main(args) == 0
     exp = out / "one"
     info = json.loads((exp / "train_info.json").read_text())
@@ -138,10 +139,15 @@ def test_one_of_k_folds_with_match_types_and_the_stacker(tiny_run, data_dir, tmp
     assert info["features"]["feature_key"].endswith("|match=1")
     cv = json.loads((exp / "cv.json").read_text())
     oof_ids = set(postprocess.load_logits(exp / "fold0" / "oof.npz")["example_id"].tolist())
+    fold = json.loads((exp / "fold0" / "metrics.json").read_text())
+    assert 0 < fold["swap_negatives"] and fold["train_questions"] == info["train_questions"] - fold["valid_questions"] + fold["swap_negatives"]
+    assert not any(i.endswith("#swap") for i in oof_ids)  # swapped copies are training questions only
     assert cv["cv"]["TOTAL"] == len(oof_ids) < info["train_questions"]  # CV over the trained fold's held-out third
     assert "auc_prob" in cv["dev_diagnostics"] and 0 <= cv["dev_diagnostics"]["answerable_span_F1"] <= 100
     with pytest.raises(MRCError, match="train_folds"):
         train.main(base + ["--folds", "3", "--train_folds", "4"])
+    with pytest.raises(MRCError, match="swap_negatives"):
+        train.main(base + ["--swap_negatives", "1.5"])
 
 
 def test_keep_negative_windows_keeps_answers_and_one_window_per_unanswerable_question():

@@ -188,6 +188,13 @@ def score_examples(logits: dict, df, post_cfg: dict) -> dict:
                                       max_answer_chars=post_cfg.get("max_answer_chars"))
 
 
+def target_answers(scores: dict, df, post_cfg: dict) -> dict:
+    """Spans for the target task (dev_public, a test file, `predict` input; never the training mix's out-of-fold
+    questions) grown to post `expand_to` (postprocess.expand_answers). After the stacker, which was fitted on
+    out-of-fold spans."""
+    return postprocess.expand_answers(scores, dict(zip(df["id"].astype(str), df["context"])), post_cfg.get("expand_to"))
+
+
 class MRCTrainer(CompleteCheckpoints, Trainer):
     """Trainer whose evaluation is the official metric on the held-out questions of the fold.
 
