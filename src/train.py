@@ -111,6 +111,10 @@ def resolve_config(args) -> dict:
         label_shift_weights([True, False], cfg["target_unanswerable_share"])
     if cfg.get("unanswerable_share") is not None and not 0 <= float(cfg["unanswerable_share"]) <= 1:
         raise MRCError(f"--unanswerable_share {cfg['unanswerable_share']}: must be between 0 and 1")
+    from mrc.postprocess import EXPAND_UNITS
+
+    if (cfg.get("post") or {}).get("expand_to") not in (None, *EXPAND_UNITS):  # checked before training, not at prediction
+        raise MRCError(f"{args.config}: post expand_to {cfg['post']['expand_to']!r}: choose from {', '.join(EXPAND_UNITS)} or null")
     if not 0 <= float(cfg.get("swap_negatives") or 0) <= 1:
         raise MRCError(f"--swap_negatives {cfg['swap_negatives']}: must be between 0 and 1")
     if cfg.get("train_folds") and not 1 <= int(cfg["train_folds"]) <= int(cfg["folds"]):

@@ -175,3 +175,13 @@ def test_a_longer_budget_scales_the_cpu_profiles_epochs():
     assert cfg("--max_minutes", str(base["epochs_sized_for_minutes"] / 2))["epochs"] == base["epochs"]
     assert cfg("--max_minutes", str(base["epochs_sized_for_minutes"] * 3))["epochs"] == pytest.approx(base["epochs"] * 3)
     assert cfg("--max_minutes", "500", "--epochs", "1")["epochs"] == 1  # an explicit --epochs wins
+
+
+def test_bad_post_expand_to_fails_when_the_config_is_read(tmp_path):
+    config = tmp_path / "train.yaml"
+    text = (train.REPO_ROOT / "configs" / "train.yaml").read_text(encoding="utf-8")
+    config.write_text(text.replace("expand_to: null", "expand_to: paragraph"), encoding="utf-8")
+    with pytest.raises(MRCError, match="expand_to 'paragraph'"):
+        train.resolve_config(train.build_parser().parse_args(["--profile", "cpu", "--config", str(config)]))
+    ok = train.resolve_config(train.build_parser().parse_args(["--profile", "cpu"]))
+    assert ok["post"]["expand_to"] is None
