@@ -111,10 +111,9 @@ def resolve_config(args) -> dict:
         label_shift_weights([True, False], cfg["target_unanswerable_share"])
     if cfg.get("unanswerable_share") is not None and not 0 <= float(cfg["unanswerable_share"]) <= 1:
         raise MRCError(f"--unanswerable_share {cfg['unanswerable_share']}: must be between 0 and 1")
-    from mrc.postprocess import EXPAND_UNITS
+    from mrc.postprocess import check_expand_to
 
-    if (cfg.get("post") or {}).get("expand_to") not in (None, *EXPAND_UNITS):  # checked before training, not at prediction
-        raise MRCError(f"{args.config}: post expand_to {cfg['post']['expand_to']!r}: choose from {', '.join(EXPAND_UNITS)} or null")
+    check_expand_to((cfg.get("post") or {}).get("expand_to"), f"{args.config}: post")  # before training, not at prediction
     if not 0 <= float(cfg.get("swap_negatives") or 0) <= 1:
         raise MRCError(f"--swap_negatives {cfg['swap_negatives']}: must be between 0 and 1")
     if cfg.get("train_folds") and not 1 <= int(cfg["train_folds"]) <= int(cfg["folds"]):
@@ -301,10 +300,10 @@ def run_fold(k, cfg, spec, data_dir, fit_df, valid_df, dev_df, dev_features, fas
     fold_dir.mkdir(parents=True, exist_ok=True)
     from mrc.sampling import keep_negative_windows, repeat_sources
 
+    from mrc.augment import SWAP_SUFFIX, swap_negatives
+
     if cfg.get("swap_negatives"):  # before the repeats: one copy per question, unique ids
         import pandas as pd
-
-        from mrc.augment import swap_negatives
 
         fit_df = pd.concat([fit_df, swap_negatives(fit_df, float(cfg["swap_negatives"]), random.Random(seed + k))], ignore_index=True)
     fit_df = repeat_sources(fit_df, cfg.get("repeat_sources") or {})
@@ -369,7 +368,7 @@ def run_fold(k, cfg, spec, data_dir, fit_df, valid_df, dev_df, dev_features, fas
     dev_result = metric.evaluate(metric.gold_from_examples(dev_df), dev_pred)
     log_history = [h for h in trainer.state.log_history if "loss" in h]
     fold_metrics = {
-        "fold": k, "train_questions": len(fit_df), "swap_negatives": int(fit_df["id"].astype(str).str.endswith("#swap").sum()),
+        "fold": k, "train_questions": len(fit_df), "swap_negatives": int(fit_df["id"].astype(str).str.endswith(SWAP_SUFFIX).sum()),
         "train_windows": len(train_features), "valid_questions": len(valid_df),
         "steps": trainer.state.global_step, "steps_per_epoch": steps_per_epoch, "stopped_by_time_budget": budget.stopped_early,
         "best_checkpoint": str(trainer.state.best_model_checkpoint), "best_select": trainer.state.best_metric,

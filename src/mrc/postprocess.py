@@ -180,6 +180,12 @@ def expand_span(context: str, start: int, end: int, unit: str) -> tuple[int, int
     return start, end
 
 
+def check_expand_to(unit: str | None, where: str = "post") -> None:
+    """The one check of a post `expand_to` value (config reading and expand_answers)."""
+    if unit is not None and unit not in EXPAND_UNITS:
+        raise MRCError(f"{where} expand_to {unit!r}: choose from {', '.join(EXPAND_UNITS)} or null")
+
+
 def expand_answers(scores: dict, contexts: dict, unit: str | None) -> dict:
     """Every best span grown to its enclosing clause or sentence (post `expand_to`; None leaves them).
 
@@ -187,10 +193,9 @@ def expand_answers(scores: dict, contexts: dict, unit: str | None) -> dict:
     sets' (answers starting a sentence: checklist demo 43%, dev_public 36%; robust 11%, CMRC 7%, SQuAD-zh
     12%), and a from-scratch model finds the right region before it finds the right boundaries. Applied to
     predictions for the target task only, never to the out-of-fold questions of the training mix."""
+    check_expand_to(unit)
     if unit is None:
         return scores
-    if unit not in EXPAND_UNITS:
-        raise MRCError(f"post expand_to {unit!r}: choose from {', '.join(EXPAND_UNITS)} or null")
     out = {}
     for eid, rec in scores.items():
         rec = dict(rec)
