@@ -7,8 +7,10 @@ Parts (--parts, comma-separated; default all):
   epoch     one epoch of QA fine-tuning on real questions: length bucketing + dynamic padding (this
             project) vs every window padded to max_len in random order (HF run_qa recipe), same model
   padding   padded / real tokens of the training windows with and without LengthBucketBatchSampler
+  matmul    the matmul part of a QA training step alone: every matmul of the step (forward and the two of
+            its backward) at the step's own shapes, GFLOP/s against the fp32 peak, beside torch.matmul
   infer     fold-ensemble prediction questions/s: dynamic graph vs exported static graph
-            (mrc.export, paddle.inference with MKLDNN on / off)
+            (mrc.export, paddle.inference with MKLDNN on / off, and oneDNN bfloat16)
   features  feature building questions/s: mrc.features.build_features (HF Rust tokenizer) vs
             paddlenlp's Python tokenizer doing the same pairs (offsets, overflow windows, stride)
   memory    peak RSS of `src/pretrain.py` (data preparation + a few steps) with the corpus x1 and x4
@@ -47,6 +49,9 @@ def torch_worker(spec: dict) -> dict:
     for task in spec["tasks"]:
         if task["kind"] == "infer":
             results[task["name"]] = torch_infer_seconds(config, task)
+            continue
+        if task["kind"] == "matmul":
+            results[task["name"]] = torch_matmul_seconds(task)
             continue
         rate = float(task.get("dropout", 0.1))
         config.hidden_dropout_prob = config.attention_probs_dropout_prob = rate
@@ -96,6 +101,54 @@ def torch_worker(spec: dict) -> dict:
     return results
 
 
+def qa_step_matmuls(sizes: dict, batch: int, seq: int) -> list:
+    """(a_shape, b_shape, transpose_a, transpose_b) of every matmul of a QA training step of a BERT encoder + span and
+    answerable heads: each forward a @ b ([.., m, k] @ [.., k, n]) and its backward dA = dY @ b^T, dB = a^T @ dY.
+    The FLOPs are exactly train_flops(kind='qa'); shared by both sides of the matmul part."""
+    h, inter, layers, heads = (sizes[k] for k in ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads"))
+    tokens, d, bh = batch * seq, h // heads, batch * heads
+    forward = layers * ([((tokens, h), (h, h))] * 4 + [((tokens, h), (h, inter)), ((tokens, inter), (inter, h)),
+                                                       ((bh, seq, d), (bh, d, seq)), ((bh, seq, seq), (bh, seq, d))])
+    forward += [((batch, h), (h, h)), ((tokens, h), (h, 2)), ((batch, h), (h, 2))]  # pooler, span, answerable
+    calls = []
+    for a, b in forward:
+        y = a[:-1] + b[-1:]
+        calls += [(a, b, False, False), (y, b, False, True), (a, y, True, False)]
+    return calls
+
+
+def matmul_flops(calls) -> float:
+    total = 0.0
+    for a, b, ta, tb in calls:
+        m, k = (a[-1], a[-2]) if ta else (a[-2], a[-1])
+        n = b[-2] if tb else b[-1]
+        batch = a[0] if len(a) == 3 else 1
+        total += 2.0 * batch * m * k * n
+    return total
+
+
+def torch_matmul_seconds(task) -> float:
+    import statistics
+    import time
+
+    import torch
+
+    g = torch.Generator().manual_seed(0)
+    ops = [(torch.randn(*a, generator=g), torch.randn(*b, generator=g), ta, tb) for a, b, ta, tb in task["calls"]]
+
+    def step():
+        for a, b, ta, tb in ops:
+            torch.matmul(a.transpose(-1, -2) if ta else a, b.transpose(-1, -2) if tb else b)
+
+    times = []
+    for i in range(2 + task["steps"]):
+        t0 = time.perf_counter()
+        step()
+        if i >= 2:
+            times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
 def torch_infer_seconds(config, task) -> float:
     """Median seconds of a forward-only pass of `task["models"]` HF BertModels + span/answerable heads over batches
     of the given [rows, width] shapes (random ids and weights: the same shapes as the paddle side's real batches)."""
@@ -116,8 +169,12 @@ def torch_infer_seconds(config, task) -> float:
         encoder = BertModel(config).eval()
         models.append((encoder, torch.nn.Linear(config.hidden_size, 2), torch.nn.Linear(config.hidden_size, 2)))
 
+    import contextlib
+
+    low = torch.autocast("cpu", dtype=torch.bfloat16) if task.get("bf16") else contextlib.nullcontext()
+
     def one_pass():
-        with torch.inference_mode():
+        with torch.inference_mode(), low:
             for encoder, span, answerable in models:
                 for ids, types in batches:
                     seq, pooled = encoder(ids, attention_mask=(ids != 0).long(), token_type_ids=types, return_dict=False)[:2]
@@ -185,7 +242,7 @@ from mrc.errors import MRCError  # noqa: E402
 from mrc.io_utils import REPO_ROOT, atomic_write_json, atomic_write_text, load_yaml_config  # noqa: E402
 
 log = logging.getLogger("mrc.bench")
-PARTS = ("train", "epoch", "padding", "infer", "features", "memory")
+PARTS = ("train", "matmul", "epoch", "padding", "infer", "features", "memory")
 
 
 def build_parser():
@@ -323,6 +380,27 @@ class Context:
         self.sizes = load_yaml_config("configs/models/offline_sizes.yaml")["tiny" if args.quick else "cpu"]
         self._train_df = None
         self._tok = None
+        self._peak, self.peak_source = None, ""
+
+    def peak_gflops(self, threads: int) -> float:
+        """The fp32 peak the percentages use: the formula at the clock /proc/cpuinfo reports, or, when higher, what a
+        large square matmul (paddle.matmul, 2048^3, best of 5) actually reaches: a boosting CPU runs above its reported
+        clock (here 2.6 GHz reported, yet matmuls reach ~170 GFLOP/s on 2 cores), and a percentage above 100 says nothing."""
+        if self._peak is None:
+            import paddle
+
+            cores = min(threads, self.machine["cores"])
+            formula = self.machine["peak_gflops"] * cores / self.machine["cores"]
+            n = 512 if self.quick else 2048
+            a, b = paddle.randn([n, n]), paddle.randn([n, n])
+            paddle.matmul(a, b).numpy()
+            best = min(timed_passes(lambda: paddle.matmul(a, b).numpy(), 1) for _ in range(5))
+            measured = 2.0 * n ** 3 / best / 1e9
+            self._peak = max(formula, measured)
+            self.peak_source = (f"formula at the reported clock {formula:.0f}; measured {n}^3 sgemm {measured:.0f}: "
+                                f"the {'measured' if measured > formula else 'formula'} one")
+            self.machine["measured_sgemm_gflops"] = round(measured, 1)
+        return self._peak
 
     def train_df(self):
         if self._train_df is None:
@@ -426,7 +504,7 @@ def part_train(ctx, table):
         result = run_torch(ctx, {"threads": threads, "sizes": ctx.sizes, "vocab_size": vocab, "tasks": [task]}) or {}
         torch_version = result.get("torch", torch_version)
         torch_times[task["name"]] = result.get(task["name"])
-    peak = machine["peak_gflops"] * min(threads, machine["cores"]) / machine["cores"]  # the cores the threads can use
+    peak = ctx.peak_gflops(threads)
     for task in tasks:
         name, seq = task["name"], task["seq"]
         n_masked = batch * max(1, int(round(seq * 0.15)))
@@ -442,7 +520,39 @@ def part_train(ctx, table):
         table.add("train", f"{label} tokens/s, seq {seq}", tokens / pt, tokens / tt if tt else None, "tokens/s", "")
         table.add("train", f"{label} GFLOP/s, seq {seq}", flops / pt / 1e9, flops / tt / 1e9 if tt else None, "GFLOP/s",
                   f"{flops / 1e9:.1f} GFLOP/step (exact matmuls x3); paddle {100 * flops / pt / 1e9 / peak:.1f}% of the "
-                  f"{peak:.0f} GFLOP/s peak of {min(threads, machine['cores'])} core(s)")
+                  f"{peak:.0f} GFLOP/s peak of {min(threads, machine['cores'])} core(s) ({ctx.peak_source})")
+
+
+# ----------------------------------------------------------------------------------------- matmul
+
+def part_matmul(ctx, table):
+    """The matmul-heavy part of a QA step on its own: paddle.matmul over the step's matmul calls (qa_step_matmuls)."""
+    import paddle
+
+    machine, threads = ctx.machine, int(os.environ.get("OMP_NUM_THREADS", "2"))
+    peak = ctx.peak_gflops(threads)
+    seqs = [int(s) for s in (ctx.args.seq_lens or ("64" if ctx.quick else "128,256,384")).split(",")]
+    batch = 4 if ctx.quick else ctx.args.batch_size
+    for seq in seqs:
+        calls = qa_step_matmuls(ctx.sizes, batch, seq)
+        paddle.seed(0)
+        ops = [(paddle.randn(list(a)), paddle.randn(list(b)), ta, tb) for a, b, ta, tb in calls]
+
+        def step():
+            for a, b, ta, tb in ops:
+                paddle.matmul(a, b, transpose_x=ta, transpose_y=tb)
+
+        pt = timed(step, ctx.steps)
+        result = run_torch(ctx, {"threads": threads, "sizes": ctx.sizes, "vocab_size": 0,
+                                 "tasks": [{"name": "matmul", "kind": "matmul", "calls": calls, "steps": ctx.steps}]}) or {}
+        tt = result.get("matmul")
+        flops = matmul_flops(calls)
+        table.add("matmul", f"matmuls of a QA step alone, seq {seq} x batch {batch}, GFLOP/s", flops / pt / 1e9,
+                  flops / tt / 1e9 if tt else None, "GFLOP/s",
+                  f"{len(calls)} matmuls (forward + 2 backward each), {flops / 1e9:.1f} GFLOP in {pt:.3f} s; paddle "
+                  f"{100 * flops / pt / 1e9 / peak:.1f}% of the {peak:.0f} GFLOP/s peak of {min(threads, machine['cores'])} core(s) "
+                  f"({ctx.peak_source}); "
+                  f"reference torch.matmul {result.get('torch', 'not run')}")
 
 
 # ------------------------------------------------------------------------------------------ epoch
@@ -610,17 +720,19 @@ def part_infer(ctx, table):
                                                            "intermediate_size", "max_position_embeddings")}
     result = run_torch(ctx, {"threads": int(os.environ.get("OMP_NUM_THREADS", "2")), "sizes": torch_sizes,
                              "vocab_size": int(enc_config.vocab_size),
-                             "tasks": [{"name": "infer", "kind": "infer", "models": folds, "passes": passes,
+                             "tasks": [{"name": name, "kind": "infer", "models": folds, "passes": passes, "bf16": name == "infer_bf16",
                                         "type_vocab_size": int(enc_config.type_vocab_size),
-                                        "shapes": [[int(ids.shape[0]), int(ids.shape[1])] for _, ids, _ in batches]}]}) or {}
+                                        "shapes": [[int(ids.shape[0]), int(ids.shape[1])] for _, ids, _ in batches]}
+                                       for name in ("infer", "infer_bf16")]}) or {}
     t_torch = result.get("infer")
     torch_note = (f"reference = PyTorch {result.get('torch')} eager (HF BertModel + heads, same sizes and batches, "
                   f"inference_mode) {len(dev) / t_torch:.1f} q/s" if t_torch else "no PyTorch reference (.venv-bench missing)")
     table.add("infer", f"fold ensemble ({folds} folds) dynamic graph", len(dev) / t_dyn, len(dev) / t_torch if t_torch else None, "questions/s",
               f"{len(dev)} dev questions, {len(feats)} windows, batch {batch_size}, length-sorted; forward only; "
               f"median of {passes} pass(es) after 2 warm-up batches; {'trained' if exp.parent.name == 'outputs' else 'stand-in'} folds {exp.name}; {torch_note}")
-    for mkldnn in (False, True):
-        runners = [InferenceRunner(p, mkldnn=mkldnn, threads=int(os.environ.get("OMP_NUM_THREADS", "2"))) for p in prefixes]
+    for mkldnn, bf16 in ((False, False), (True, False), (True, True)):
+        runners = [InferenceRunner(p, mkldnn=mkldnn, threads=int(os.environ.get("OMP_NUM_THREADS", "2")), bf16=bf16)
+                   for p in prefixes]
         first = {}
 
         def static():
@@ -638,7 +750,10 @@ def part_infer(ctx, table):
         diff = max(float(np.abs(first["start"][r, :n] - dyn_logits[0]["start_logits"][i, :n]).max())
                    for r, i in enumerate(idx0) for n in [len(feats.input_ids[i])])  # real tokens (padding differs by design)
         reference = ("PyTorch eager", t_torch) if t_torch else ("the paddle dynamic graph", t_dyn)
-        table.add("infer", f"fold ensemble static graph (paddle.inference, MKLDNN {'on' if mkldnn else 'off'})",
+        if bf16 and result.get("infer_bf16"):  # like for like: torch's own bf16 (autocast) inference
+            reference = ("PyTorch eager with torch.autocast(cpu, bfloat16)", result["infer_bf16"])
+        table.add("infer", f"fold ensemble static graph (paddle.inference, MKLDNN {'on' if mkldnn else 'off'}"
+                           f"{', bfloat16' if bf16 else ''})",
                   len(dev) / t_static, len(dev) / reference[1], "questions/s",
                   f"reference = {reference[0]}; dynamic graph {len(dev) / t_dyn:.1f} q/s; max |start logit diff| vs dynamic "
                   f"{diff:.2g}; paddle {paddle.__version__}")
@@ -729,7 +844,9 @@ def main(argv=None):
         shutil.rmtree(ctx.tmp, ignore_errors=True)
     m = ctx.machine
     header = (f"# bench ({'quick' if args.quick else 'full'})\n\n"
-              f"Machine: {m['cpu']} (family {m['family']} model {m['model']}), {m['cores']} cores; fp32 peak {m['peak_formula']}. "
+              f"Machine: {m['cpu']} (family {m['family']} model {m['model']}), {m['cores']} cores; fp32 peak {m['peak_formula']}"
+              + (f"; a measured square sgemm reaches {m['measured_sgemm_gflops']} GFLOP/s (percentages use the higher)"
+                 if "measured_sgemm_gflops" in m else "") + ". "
               f"Threads: OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS')}, MKL_DEBUG_CPU_TYPE={os.environ.get('MKL_DEBUG_CPU_TYPE')}. "
               f"Model: {'tiny' if args.quick else 'cpu'} size {ctx.sizes}. Timings: 2 warm-up steps, median of {ctx.steps}. "
               f"Load average at start {start_load}, at end {load_avg()} (the machine may be shared: compare ratios, "

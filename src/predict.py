@@ -35,13 +35,17 @@ def build_parser():
     p.add_argument("--static", action="store_true",
                    help="run the folds' exported static graphs through paddle.inference (exported on first use to "
                         "fold<k>/inference/; ~2x the questions/s of the dynamic graph here, same answers)")
+    p.add_argument("--bf16", action="store_true",
+                   help="with --static: oneDNN bfloat16 kernels (1.4x the questions/s on CPUs with AVX512-BF16; logits "
+                        "within ~0.05 of fp32, so an answer near the threshold can flip)")
     return p
 
 
-def fold_logits(exp_dir: Path, info: dict, df, batch_size: int, label: str = "", static: bool = False) -> list[dict]:
+def fold_logits(exp_dir: Path, info: dict, df, batch_size: int, label: str = "", static: bool = False,
+                bf16: bool = False) -> list[dict]:
     """Per-window logits of each fold model of an experiment on the questions of df (same features
     as in training: the experiment's tokenizer and feature settings, checked by feature key).
-    static=True runs each fold's exported inference program (mrc.export; exported once, reused)."""
+    static=True runs each fold's exported inference program (mrc.export; exported once, reused); bf16 in bfloat16."""
     from mrc.export import static_fold_logits
     from mrc.features import build_features
     from mrc.finetune import predict_logits
@@ -59,7 +63,7 @@ def fold_logits(exp_dir: Path, info: dict, df, batch_size: int, label: str = "",
     for k in trained_folds(info):
         if static:
             logits.append(static_fold_logits(exp_dir / f"fold{k}", info["backbone"]["arch"], features, batch_size,
-                                             desc=f"{label}fold {k} (static)"))
+                                             desc=f"{label}fold {k} (static{', bf16' if bf16 else ''})", bf16=bf16))
             continue
         model = load_fold_model(exp_dir / f"fold{k}", info["backbone"]["arch"])
         logits.append(predict_logits(model, features, batch_size, desc=f"{label}fold {k}")[0])
@@ -87,6 +91,8 @@ def main(argv=None):
             raise MRCError(f"{exp_dir}: no {needed}; train it first (bash run.sh train --exp {args.exp})")
     if args.batch_size < 1:
         raise MRCError(f"--batch_size must be positive, got {args.batch_size}")
+    if args.bf16 and not args.static:
+        raise MRCError("--bf16 runs the exported static graphs: add --static")
 
     from mrc import data, metric, postprocess
     from mrc.finetune import score_examples, target_answers
@@ -102,7 +108,7 @@ def main(argv=None):
     ids = df["id"].astype(str).tolist()
     if info["features"]["feature_key"] != threshold.get("feature_key", info["features"]["feature_key"]):
         raise MRCError(f"{exp_dir}/threshold.json: tuned for features {threshold['feature_key']}, not {info['features']['feature_key']}")
-    members = fold_logits(exp_dir, info, df, args.batch_size, static=args.static)
+    members = fold_logits(exp_dir, info, df, args.batch_size, static=args.static, bf16=args.bf16)
     logits = postprocess.average_logits(members, names=[f"fold{k}" for k in range(len(members))])
     scores = score_examples(logits, df, info["post"])
     if threshold.get("stacker"):

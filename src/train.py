@@ -56,6 +56,9 @@ def build_parser():
     p.add_argument("--unanswerable_share", type=float, default=None, help="share of unanswerable questions in the training sample (default: as drawn)")
     p.add_argument("--repeat", nargs="*", default=None, metavar="SOURCE=TIMES",
                    help="repeat a source's questions in each fold's training set, e.g. checklist_demo=10")
+    p.add_argument("--train_sources", default=None, metavar="A,B,...",
+                   help="comma-separated training sets (names as `bash run.sh data` prints them; default: the profile's, "
+                        "else configs/default.yaml)")
     p.add_argument("--swap_negatives", type=float, default=None,
                    help="add unanswerable copies of this share of a fold's answerable training questions, one key word "
                         "swapped for a look-alike (mrc.augment; default: the profile's, else 0)")
@@ -84,6 +87,21 @@ def parse_repeats(items) -> dict:
     return out
 
 
+def check_train_sources(cfg: dict) -> None:
+    """Known names, at least one, and never an evaluation set (dev_public is only ever the development set)."""
+    from mrc.data import EVAL_SOURCES, SOURCES
+
+    names = cfg.get("train_sources") or []
+    if not names:
+        raise MRCError("train_sources: empty; name at least one training set")
+    unknown = [n for n in names if n not in SOURCES]
+    if unknown:
+        raise MRCError(f"train_sources: unknown set {unknown[0]} (known: {', '.join(SOURCES)})")
+    leaked = [n for n in names if n in EVAL_SOURCES or n == cfg.get("dev_source")]
+    if leaked:
+        raise MRCError(f"train_sources: {leaked[0]} is evaluation data and never training data")
+
+
 def resolve_config(args) -> dict:
     cfg = load_yaml_config("configs/default.yaml", args.config)
     profiles = cfg.pop("profiles", {})
@@ -96,6 +114,9 @@ def resolve_config(args) -> dict:
                  "epochs": args.epochs, "output_dir": args.output_dir, "data_dir": args.data_dir, "seed": args.seed,
                  "max_minutes": args.max_minutes}
     cfg.update({k: v for k, v in overrides.items() if v is not None})
+    if args.train_sources is not None:
+        cfg["train_sources"] = [name.strip() for name in args.train_sources.split(",") if name.strip()]
+    check_train_sources(cfg)
     if args.repeat is not None:
         cfg["repeat_sources"] = parse_repeats(args.repeat)
     sized_for = cfg.get("epochs_sized_for_minutes")

@@ -33,6 +33,34 @@ def test_bench_quick_padding_and_features(data_dir, tmp_path):
     assert "fp32 peak" in table
 
 
+def test_bench_quick_matmul_part(tmp_path):
+    """The matmul part times the QA step's own matmuls: its FLOPs are the step's (train_flops), the row says % of peak."""
+    out = tmp_path / "bench" / "bench.md"
+    proc = run_bench(["--quick", "--parts", "matmul", "--output", str(out), "--torch_python", str(tmp_path / "no-python")],
+                     ROOT / "data", tmp_path)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    rows = json.loads((out.parent / "bench.json").read_text(encoding="utf-8"))["rows"]
+    assert [r["part"] for r in rows] == ["matmul"]
+    row = rows[0]
+    assert row["item"] == "matmuls of a QA step alone, seq 64 x batch 4, GFLOP/s" and row["this"] > 0
+    assert row["reference"] is None and "% of the" in row["note"]  # no torch venv given: reference left empty
+
+
+def test_step_matmuls_count_the_training_flops():
+    sys.path.insert(0, str(ROOT / "src"))
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("bench_module", ROOT / "src" / "bench.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    sizes = {"hidden_size": 128, "intermediate_size": 512, "num_hidden_layers": 4, "num_attention_heads": 4}
+    calls = bench.qa_step_matmuls(sizes, 16, 256)
+    assert len(calls) == 3 * (4 * 8 + 3)  # 8 matmuls per layer + pooler + 2 heads, each forward + 2 backward
+    assert bench.matmul_flops(calls) == bench.train_flops(sizes, 1000, 16, 256, "qa", 0)
+    # the backward of attention scores [B*h, L, d] @ [B*h, d, L]: dA = dY @ B^T and dB = A^T @ dY keep the batch dim
+    assert ((64, 256, 256), (64, 32, 256), False, True) in calls and ((64, 256, 32), (64, 256, 256), True, False) in calls
+
+
 def test_bench_rejects_unknown_part(tmp_path):
     proc = run_bench(["--quick", "--parts", "padding,nope", "--output", str(tmp_path / "b.md")], ROOT / "data", tmp_path)
     assert proc.returncode == 1 and proc.stderr.strip().splitlines()[-1].startswith("error: --parts: unknown part nope")

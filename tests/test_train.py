@@ -92,6 +92,17 @@ def test_predict_answers_every_id(tiny_run, data_dir, tmp_path, capsys):
         assert np.allclose(dynamic[key], static[key], atol=1e-3), key
     assert json.loads(static_pred.read_text(encoding="utf-8")) == pred
     assert (out / "t" / "fold0" / "inference").is_dir()
+    # bfloat16 kernels: every id answered, logits near fp32 (bf16 keeps 8 bits of mantissa)
+    bf16_pred, bf16_logits = tmp_path / "bf16.json", tmp_path / "bf16.npz"
+    assert predict.main(["--exp", "t", "--input", str(path), "--output", str(bf16_pred), "--output_dir", str(out),
+                         "--logits_out", str(bf16_logits), "--static", "--bf16"]) == 0
+    assert sorted(json.loads(bf16_pred.read_text(encoding="utf-8"))) == sorted(ids)
+    low = postprocess.load_logits(bf16_logits)
+    real = static["start_logits"] > postprocess.PAD_LOGIT / 2
+    assert np.abs(low["start_logits"] - static["start_logits"])[real].max() < 0.25
+    assert np.abs(low["answerable_logits"] - static["answerable_logits"]).max() < 0.25
+    with pytest.raises(MRCError, match="add --static"):
+        predict.main(["--exp", "t", "--input", str(path), "--output", str(bf16_pred), "--output_dir", str(out), "--bf16"])
     with pytest.raises(MRCError, match=re.escape("no prediction")):
         predict.check_complete({ids[0]: "x"}, ids, "in.json")
     with pytest.raises(MRCError, match="train it first"):
@@ -185,3 +196,18 @@ def test_bad_post_expand_to_fails_when_the_config_is_read(tmp_path):
         train.resolve_config(train.build_parser().parse_args(["--profile", "cpu", "--config", str(config)]))
     ok = train.resolve_config(train.build_parser().parse_args(["--profile", "cpu"]))
     assert ok["post"]["expand_to"] is None
+
+
+def test_train_sources_from_the_profile_or_the_flag_never_an_evaluation_set():
+    cfg = lambda *argv: train.resolve_config(train.build_parser().parse_args(list(argv)))  # noqa: E731
+    every = train.load_yaml_config("configs/default.yaml")["train_sources"]
+    assert cfg("--profile", "tiny")["train_sources"] == every  # no profile choice: every set
+    cpu = cfg("--profile", "cpu")["train_sources"]
+    assert "squad2_zh" in cpu and not {"cail_dev", "cail_test", "drcd_dev", "drcd_test"} & set(cpu)  # the DuReader-family mix
+    assert cfg("--profile", "cpu", "--train_sources", "robust_dev, squad2_zh")["train_sources"] == ["robust_dev", "squad2_zh"]
+    with pytest.raises(MRCError, match="unknown set robust_train"):
+        cfg("--profile", "cpu", "--train_sources", "robust_dev,robust_train")
+    with pytest.raises(MRCError, match="checklist_dev is evaluation data"):
+        cfg("--profile", "cpu", "--train_sources", "squad2_zh,checklist_dev")
+    with pytest.raises(MRCError, match="empty"):
+        cfg("--profile", "cpu", "--train_sources", ",")
