@@ -107,7 +107,9 @@ def resolve_config(args) -> dict:
     profiles = cfg.pop("profiles", {})
     if args.profile not in profiles:
         raise MRCError(f"{args.config}: no profile '{args.profile}' (has {', '.join(profiles)})")
-    cfg.update(profiles[args.profile])
+    profile = dict(profiles[args.profile])
+    cfg["post"] = {**(cfg.get("post") or {}), **(profile.pop("post", None) or {})}  # a profile changes single post keys
+    cfg.update(profile)
     overrides = {"model": args.model, "folds": args.folds, "train_folds": args.train_folds, "use_title": args.use_title, "match_types": args.match_types, "offline_size": args.offline_size,
                  "own_pretrain": args.own_pretrain, "learning_rate": args.learning_rate, "max_len": args.max_len, "dropout": args.dropout, "unanswerable_share": args.unanswerable_share,
                  "negative_windows": args.negative_windows, "swap_negatives": args.swap_negatives, "max_questions": args.max_questions,

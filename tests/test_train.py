@@ -193,9 +193,11 @@ def test_bad_post_expand_to_fails_when_the_config_is_read(tmp_path):
     text = (train.REPO_ROOT / "configs" / "train.yaml").read_text(encoding="utf-8")
     config.write_text(text.replace("expand_to: null", "expand_to: paragraph"), encoding="utf-8")
     with pytest.raises(MRCError, match="expand_to 'paragraph'"):
-        train.resolve_config(train.build_parser().parse_args(["--profile", "cpu", "--config", str(config)]))
-    ok = train.resolve_config(train.build_parser().parse_args(["--profile", "cpu"]))
-    assert ok["post"]["expand_to"] is None
+        train.resolve_config(train.build_parser().parse_args(["--profile", "tiny", "--config", str(config)]))
+    tiny = train.resolve_config(train.build_parser().parse_args(["--profile", "tiny"]))
+    assert tiny["post"]["expand_to"] is None  # the shared default
+    cpu = train.resolve_config(train.build_parser().parse_args(["--profile", "cpu"]))
+    assert cpu["post"]["expand_to"] == "clause" and cpu["post"]["n_best"] == tiny["post"]["n_best"]  # one key changed
 
 
 def test_train_sources_from_the_profile_or_the_flag_never_an_evaluation_set():
