@@ -87,21 +87,6 @@ def parse_repeats(items) -> dict:
     return out
 
 
-def check_train_sources(cfg: dict) -> None:
-    """Known names, at least one, and never an evaluation set (dev_public is only ever the development set)."""
-    from mrc.data import EVAL_SOURCES, SOURCES
-
-    names = cfg.get("train_sources") or []
-    if not names:
-        raise MRCError("train_sources: empty; name at least one training set")
-    unknown = [n for n in names if n not in SOURCES]
-    if unknown:
-        raise MRCError(f"train_sources: unknown set {unknown[0]} (known: {', '.join(SOURCES)})")
-    leaked = [n for n in names if n in EVAL_SOURCES or n == cfg.get("dev_source")]
-    if leaked:
-        raise MRCError(f"train_sources: {leaked[0]} is evaluation data and never training data")
-
-
 def resolve_config(args) -> dict:
     cfg = load_yaml_config("configs/default.yaml", args.config)
     profiles = cfg.pop("profiles", {})
@@ -118,7 +103,11 @@ def resolve_config(args) -> dict:
     cfg.update({k: v for k, v in overrides.items() if v is not None})
     if args.train_sources is not None:
         cfg["train_sources"] = [name.strip() for name in args.train_sources.split(",") if name.strip()]
-    check_train_sources(cfg)
+    from mrc.data import check_train_sources
+
+    check_train_sources(cfg["train_sources"])
+    if cfg.get("dev_source") in cfg["train_sources"]:
+        raise MRCError(f"train_sources: {cfg['dev_source']} is the development set and never training data")
     if args.repeat is not None:
         cfg["repeat_sources"] = parse_repeats(args.repeat)
     sized_for = cfg.get("epochs_sized_for_minutes")

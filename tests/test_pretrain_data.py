@@ -270,3 +270,13 @@ def test_train_passages_refuse_evaluation_sources(data_dir):
 
     with pytest.raises(MRCError, match="checklist_dev"):
         train_passages(["checklist_demo", "checklist_dev"], data_dir)
+
+
+def test_pretraining_text_never_comes_from_an_evaluation_set():
+    from mrc.errors import MRCError
+    from mrc.pretrain_data import train_passages
+
+    with pytest.raises(MRCError, match="checklist_dev is evaluation data and never pre-training text"):
+        train_passages(["robust_dev", "checklist_dev"])
+    with pytest.raises(MRCError, match="unknown set nope"):
+        train_passages(["nope"])

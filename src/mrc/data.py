@@ -247,6 +247,19 @@ def load_file(path, source=None, strict=False, with_answers=True) -> tuple[pd.Da
     return pd.DataFrame(rows, columns=COLUMNS), report
 
 
+def check_train_sources(names, use: str = "training data") -> None:
+    """Training (or pre-training) sets: known names, at least one, never an evaluation set."""
+    names = list(names or [])
+    if not names:
+        raise MRCError("train_sources: empty; name at least one training set")
+    unknown = [n for n in names if n not in SOURCES]
+    if unknown:
+        raise MRCError(f"train_sources: unknown set {unknown[0]} (known: {', '.join(SOURCES)})")
+    leaked = sorted(set(names) & set(EVAL_SOURCES))
+    if leaked:
+        raise MRCError(f"train_sources: {', '.join(leaked)} is evaluation data and never {use}")
+
+
 def load_sources(names, data_dir=None, strict=False) -> pd.DataFrame:
     """Concatenate named sources; ids become '<source>:<id>' so they are unique across files."""
     frames = []

@@ -88,11 +88,9 @@ def iter_documents(corpus_file=None, passages: Iterable[str] = (), corpus_lines:
 
 def train_passages(train_sources, data_dir=None, max_passages: int | None = None) -> list[str]:
     """Distinct passages of the MRC training sets; evaluation sources are refused."""
-    from .data import EVAL_SOURCES, iter_passages, load_sources
+    from .data import check_train_sources, iter_passages, load_sources
 
-    leaked = sorted(set(train_sources) & set(EVAL_SOURCES))
-    if leaked:
-        raise MRCError(f"train_sources: {', '.join(leaked)} is evaluation data and never pre-training text")
+    check_train_sources(train_sources, "pre-training text")
     passages = list(iter_passages(load_sources(list(train_sources), data_dir)))
     return passages[:max_passages] if max_passages is not None else passages
 
