@@ -29,10 +29,21 @@ TORCH_WORKER_FLAG = "--torch-worker"
 # Runs in .venv-bench (torch + transformers, no paddle): `python src/bench.py --torch-worker '<json>'`.
 # Kept above the paddle imports so that venv never imports them.
 
-def torch_worker(spec: dict) -> dict:
+def timed(step, steps: int) -> float:
+    """2 warm-up calls, then the median seconds of `steps` calls (both sides of the benchmark)."""
     import statistics
     import time
 
+    times = []
+    for i in range(2 + steps):
+        t0 = time.perf_counter()
+        step()
+        if i >= 2:
+            times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def torch_worker(spec: dict) -> dict:
     import numpy as np
     import torch
     import torch.nn.functional as F
@@ -91,13 +102,7 @@ def torch_worker(spec: dict) -> dict:
             opt.zero_grad(set_to_none=True)
             return float(loss)
 
-        times = []
-        for i in range(2 + task["steps"]):
-            t0 = time.perf_counter()
-            step()
-            if i >= 2:
-                times.append(time.perf_counter() - t0)
-        results[task["name"]] = statistics.median(times)
+        results[task["name"]] = timed(step, task["steps"])
     return results
 
 
@@ -128,9 +133,6 @@ def matmul_flops(calls) -> float:
 
 
 def torch_matmul_seconds(task) -> float:
-    import statistics
-    import time
-
     import torch
 
     g = torch.Generator().manual_seed(0)
@@ -140,13 +142,7 @@ def torch_matmul_seconds(task) -> float:
         for a, b, ta, tb in ops:
             torch.matmul(a.transpose(-1, -2) if ta else a, b.transpose(-1, -2) if tb else b)
 
-    times = []
-    for i in range(2 + task["steps"]):
-        t0 = time.perf_counter()
-        step()
-        if i >= 2:
-            times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+    return timed(step, task["steps"])
 
 
 def torch_infer_seconds(config, task) -> float:
@@ -303,17 +299,6 @@ def train_flops(sizes: dict, vocab: int, batch: int, seq: int, kind: str, n_mask
     else:
         forward += 2 * tokens * h * 2 + 2 * batch * h * 2  # span + answerable heads
     return 3.0 * forward
-
-
-def timed(step, steps: int) -> float:
-    """2 warm-up calls, then the median seconds of `steps` calls."""
-    times = []
-    for i in range(2 + steps):
-        t0 = time.perf_counter()
-        step()
-        if i >= 2:
-            times.append(time.perf_counter() - t0)
-    return statistics.median(times)
 
 
 def timed_passes(run, passes: int) -> float:
