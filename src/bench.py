@@ -365,6 +365,10 @@ class Context:
         self.sizes = load_yaml_config("configs/models/offline_sizes.yaml")["tiny" if args.quick else "cpu"]
         self._train_df = None
         self._tok = None
+        # the settings every timed part shares: threads per side, training sequence lengths and batch
+        self.threads = int(os.environ.get("OMP_NUM_THREADS", "2"))
+        self.seq_lens = [int(s) for s in (args.seq_lens or ("64" if args.quick else "128,256,384")).split(",")]
+        self.train_batch = 4 if args.quick else args.batch_size
 
     def peak_gflops(self, threads: int) -> float:
         """The fp32 peak of the cores `threads` can use, by the formula at the clock /proc/cpuinfo reports. A boosting
@@ -456,8 +460,7 @@ def part_train(ctx, table):
     machine = ctx.machine
     _, fast = ctx.tokenizers()
     vocab = fast.get_vocab_size()
-    seqs = [int(s) for s in (ctx.args.seq_lens or ("64" if ctx.quick else "128,256,384")).split(",")]
-    batch = 4 if ctx.quick else ctx.args.batch_size
+    seqs, batch = ctx.seq_lens, ctx.train_batch
     tasks = [{"name": f"{kind}@{seq}", "kind": kind, "seq": seq, "batch": batch, "steps": ctx.steps, "dropout": 0.1}
              for kind in ("pretrain", "qa") for seq in seqs]
     # one QA row without dropout on both sides (train --dropout 0, an option for models trained from random init)
@@ -465,7 +468,7 @@ def part_train(ctx, table):
     tasks.append({"name": f"qa-nodropout@{mid}", "kind": "qa", "seq": mid, "batch": batch, "steps": ctx.steps, "dropout": 0.0})
     # paddle and torch alternate per configuration, so both sides of a ratio see about the same machine load
     paddle_times, torch_times, torch_version = {}, {}, "not run"
-    threads = int(os.environ.get("OMP_NUM_THREADS", "2"))
+    threads = ctx.threads
     for task in tasks:
         step = paddle_train_step(task["kind"], ctx.sizes, vocab, synthetic_batch(vocab, batch, task["seq"]), task["dropout"])
         paddle_times[task["name"]] = (timed(step, ctx.steps), load_avg())
@@ -498,10 +501,9 @@ def part_matmul(ctx, table):
     """The matmul-heavy part of a QA step on its own: paddle.matmul over the step's matmul calls (qa_step_matmuls)."""
     import paddle
 
-    machine, threads = ctx.machine, int(os.environ.get("OMP_NUM_THREADS", "2"))
+    machine, threads = ctx.machine, ctx.threads
     peak = ctx.peak_gflops(threads)
-    seqs = [int(s) for s in (ctx.args.seq_lens or ("64" if ctx.quick else "128,256,384")).split(",")]
-    batch = 4 if ctx.quick else ctx.args.batch_size
+    seqs, batch = ctx.seq_lens, ctx.train_batch
     for seq in seqs:
         calls = qa_step_matmuls(ctx.sizes, batch, seq)
         paddle.seed(0)
@@ -687,7 +689,7 @@ def part_infer(ctx, table):
     enc_config = models[0].encoder.config
     torch_sizes = {k: int(getattr(enc_config, k)) for k in ("hidden_size", "num_hidden_layers", "num_attention_heads",
                                                            "intermediate_size", "max_position_embeddings")}
-    result = run_torch(ctx, {"threads": int(os.environ.get("OMP_NUM_THREADS", "2")), "sizes": torch_sizes,
+    result = run_torch(ctx, {"threads": ctx.threads, "sizes": torch_sizes,
                              "vocab_size": int(enc_config.vocab_size),
                              "tasks": [{"name": name, "kind": "infer", "models": folds, "passes": passes, "bf16": name == "infer_bf16",
                                         "type_vocab_size": int(enc_config.type_vocab_size),
@@ -700,7 +702,7 @@ def part_infer(ctx, table):
               f"{len(dev)} dev questions, {len(feats)} windows, batch {batch_size}, length-sorted; forward only; "
               f"median of {passes} pass(es) after 2 warm-up batches; {'trained' if exp.parent.name == 'outputs' else 'stand-in'} folds {exp.name}; {torch_note}")
     for mkldnn, bf16 in ((False, False), (True, False), (True, True)):
-        runners = [InferenceRunner(p, mkldnn=mkldnn, threads=int(os.environ.get("OMP_NUM_THREADS", "2")), bf16=bf16)
+        runners = [InferenceRunner(p, mkldnn=mkldnn, threads=ctx.threads, bf16=bf16)
                    for p in prefixes]
         first = {}
 

@@ -125,7 +125,7 @@ def resolve_config(args) -> dict:
         raise MRCError(f"--unanswerable_share {cfg['unanswerable_share']}: must be between 0 and 1")
     from mrc.postprocess import check_expand_to
 
-    check_expand_to((cfg.get("post") or {}).get("expand_to"), f"{args.config}: post")  # before training, not at prediction
+    check_expand_to(cfg["post"].get("expand_to"), f"{args.config}: post")  # before training, not at prediction
     if not 0 <= float(cfg.get("swap_negatives") or 0) <= 1:
         raise MRCError(f"--swap_negatives {cfg['swap_negatives']}: must be between 0 and 1")
     if cfg.get("train_folds") and not 1 <= int(cfg["train_folds"]) <= int(cfg["folds"]):
