@@ -400,7 +400,7 @@ class Context:
 
 # ------------------------------------------------------------------------------------------ train
 
-def paddle_train_step(kind, sizes, vocab, batch_np, dropout=0.1):
+def paddle_train_step(kind, sizes, vocab, batch_np, dropout=0.1, fast_paths=True, data_parallel=False):
     import paddle
     import paddle.nn.functional as F
 
@@ -423,9 +423,16 @@ def paddle_train_step(kind, sizes, vocab, batch_np, dropout=0.1):
         model = SpanAnswerableModel(BertModel(config), dropout=dropout)
         inputs = {k: b[k] for k in ("input_ids", "token_type_ids", "start_positions", "end_positions", "answerable_label")}
         inputs["attention_mask"] = b["attention_mask"].astype("float32")
+        net = model
 
         def loss_fn():
-            return model(**inputs)[0]
+            return net(**inputs)[0]
+    if fast_paths:  # as training runs it (configs/default.yaml cpu_fast_paths)
+        from mrc.fast_encoder import speed_up_for_cpu
+
+        speed_up_for_cpu(model)
+    if data_parallel:  # gradients all-reduced over the ranks, as paddlenlp's Trainer does under the launcher
+        net = paddle.DataParallel(model)
     model.train()
     opt = paddle.optimizer.AdamW(learning_rate=1e-4, parameters=model.parameters(), weight_decay=0.01)
 
@@ -454,6 +461,44 @@ def run_torch(ctx, spec: dict) -> dict | None:
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
+DP_WORKER_FLAG = "--dp-worker"
+
+
+def dp_worker(spec: dict) -> None:
+    """One rank of the data-parallel QA step (started by run_data_parallel): its share of the batch's rows; rank 0
+    writes the median step seconds to spec['output']."""
+    from mrc.distributed import ensure_process_group, world_info
+
+    ensure_process_group()
+    info = world_info()
+    rows = {k: v[info.rank::info.world_size] for k, v in synthetic_batch(spec["vocab"], spec["batch"], spec["seq"]).items()
+            if k in ("input_ids", "token_type_ids", "attention_mask", "start_positions", "end_positions", "answerable_label")}
+    step = paddle_train_step("qa", spec["sizes"], spec["vocab"], rows, spec["dropout"], data_parallel=True)
+    seconds = timed(step, spec["steps"])
+    if info.rank == 0:
+        atomic_write_json(spec["output"], {"seconds": seconds, "world_size": info.world_size})
+
+
+def run_data_parallel(ctx, nproc: int, seq: int, vocab: int) -> float | None:
+    """Median seconds of a QA step of the whole batch split over `nproc` one-thread processes (src/launch.py --nproc:
+    how `bash run.sh all` trains)."""
+    from launch import build_command, parse
+
+    out = ctx.tmp / f"dp_{nproc}_{seq}.json"
+    spec = {"vocab": vocab, "batch": ctx.train_batch, "seq": seq, "sizes": ctx.sizes, "dropout": 0.1, "steps": ctx.steps,
+            "output": str(out)}
+    log_dir = REPO_ROOT / "outputs" / "bench" / "dp_logs"
+    args, rest = parse([os.path.abspath(__file__), "--nproc", str(nproc), "--log_dir", str(log_dir),
+                        DP_WORKER_FLAG, json.dumps(spec)])
+    cmd, env = build_command(args, rest)
+    env = dict(os.environ, **env, PYTHONPATH=str(REPO_ROOT / "src"))
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    if proc.returncode != 0 or not out.is_file():
+        log.warning("data-parallel step (%d processes, seq %d) failed: see %s", nproc, seq, log_dir)
+        return None
+    return json.loads(out.read_text())["seconds"]
+
+
 def part_train(ctx, table):
     import paddle
 
@@ -466,16 +511,23 @@ def part_train(ctx, table):
     # one QA row without dropout on both sides (train --dropout 0, an option for models trained from random init)
     mid = seqs[len(seqs) // 2]
     tasks.append({"name": f"qa-nodropout@{mid}", "kind": "qa", "seq": mid, "batch": batch, "steps": ctx.steps, "dropout": 0.0})
+    # and one with paddle's own encoder forward (cpu_fast_paths: false): what mrc.fast_encoder gains
+    tasks.append({"name": f"qa-paddleforward@{mid}", "kind": "qa", "seq": mid, "batch": batch, "steps": ctx.steps, "dropout": 0.1,
+                  "fast_paths": False})
     # paddle and torch alternate per configuration, so both sides of a ratio see about the same machine load
     paddle_times, torch_times, torch_version = {}, {}, "not run"
     threads = ctx.threads
     for task in tasks:
-        step = paddle_train_step(task["kind"], ctx.sizes, vocab, synthetic_batch(vocab, batch, task["seq"]), task["dropout"])
+        step = paddle_train_step(task["kind"], ctx.sizes, vocab, synthetic_batch(vocab, batch, task["seq"]), task["dropout"],
+                                 task.get("fast_paths", True))
         paddle_times[task["name"]] = (timed(step, ctx.steps), load_avg())
         del step
         result = run_torch(ctx, {"threads": threads, "sizes": ctx.sizes, "vocab_size": vocab, "tasks": [task]}) or {}
         torch_version = result.get("torch", torch_version)
         torch_times[task["name"]] = result.get(task["name"])
+    # the same batch of 16 split over one-thread processes, as `bash run.sh all` trains (beside torch's 2 threads)
+    nproc = min(threads, ctx.machine["cores"])
+    dp_times = {seq: run_data_parallel(ctx, nproc, seq, vocab) for seq in seqs} if nproc > 1 else {}
     peak = ctx.peak_gflops(threads)
     for task in tasks:
         name, seq = task["name"], task["seq"]
@@ -486,6 +538,8 @@ def part_train(ctx, table):
         label = "pre-training MLM+NSP" if task["kind"] == "pretrain" else "QA fine-tuning"
         if task["dropout"] == 0:
             label += " without dropout"
+        if not task.get("fast_paths", True):
+            label += ", paddle's own encoder forward"
         tokens = batch * seq
         table.add("train", f"{label} step, seq {seq} x batch {batch}", pt, tt, "s/step",
                   f"paddle {paddle.__version__} vs torch {torch_version} (transformers Bert, same sizes, {threads} threads each); load {load}")
@@ -493,6 +547,11 @@ def part_train(ctx, table):
         table.add("train", f"{label} GFLOP/s, seq {seq}", flops / pt / 1e9, flops / tt / 1e9 if tt else None, "GFLOP/s",
                   f"{flops / 1e9:.1f} GFLOP/step (exact matmuls x3); paddle {100 * flops / pt / 1e9 / peak:.1f}% of the "
                   f"{peak:.0f} GFLOP/s peak of {min(threads, machine['cores'])} core(s)")
+        if task["kind"] == "qa" and task["dropout"] and task.get("fast_paths", True) and dp_times.get(seq):
+            dp = dp_times[seq]
+            table.add("train", f"QA fine-tuning step, seq {seq} x batch {batch}, {nproc} processes x 1 thread x {batch // nproc} rows",
+                      dp, tt, "s/step", f"data parallel (src/launch.py --nproc {nproc}, gloo all-reduce), as bash run.sh all "
+                      f"trains; {100 * flops / dp / 1e9 / peak:.1f}% of peak; reference: torch, {threads} threads, batch {batch}")
 
 
 # ----------------------------------------------------------------------------------------- matmul
@@ -535,8 +594,10 @@ def part_epoch(ctx, table):
 
     from mrc.features import build_features
     from mrc.finetune import FeatureDataset, LengthBucketBatchSampler, collate
+    from mrc.fast_encoder import speed_up_for_cpu
     from mrc.model import SpanAnswerableModel
 
+    fast_paths = bool(load_yaml_config("configs/default.yaml").get("cpu_fast_paths", True))
     n_q = ctx.args.epoch_questions or (16 if ctx.quick else 400)
     max_len, stride = (128, 32) if ctx.quick else (256, 64)
     df = ctx.questions(n_q, seed=1)
@@ -555,6 +616,8 @@ def part_epoch(ctx, table):
     for recipe in batch_lists:
         paddle.seed(0)
         model = SpanAnswerableModel(BertModel(BertConfig(vocab_size=fast.get_vocab_size(), pad_token_id=0, type_vocab_size=2, **ctx.sizes)))
+        if recipe == "project" and fast_paths:  # the project trains with them; run_qa runs the stock model
+            speed_up_for_cpu(model)
         model.train()
         opt = paddle.optimizer.AdamW(learning_rate=1e-4, parameters=model.parameters(), weight_decay=0.01)
         runs[recipe] = {"model": model, "opt": opt, "seconds": build_s, "real": 0, "padded": 0}
@@ -578,8 +641,8 @@ def part_epoch(ctx, table):
     results = {r: (runs[r]["seconds"], len(feats), len(batch_lists[r]), runs[r]["padded"] / runs[r]["real"], load_avg()) for r in runs}
     p, r = results["project"], results["run_qa"]
     table.add("epoch", f"QA epoch, {len(df)} questions ({p[1]} windows, {p[2]} steps), max_len {max_len}", p[0], r[0], "s/epoch",
-              f"this: length buckets + dynamic padding (padded/real {p[3]:.2f}); reference: HF run_qa padding to max_len "
-              f"(padded/real {r[3]:.2f}); same paddle model and seed; feature building ({build_s:.1f} s) counted in both; batches of the two interleaved")
+              f"this: length buckets + dynamic padding (padded/real {p[3]:.2f}){' + CPU fast paths' if fast_paths else ''}; "
+              f"reference: HF run_qa padding to max_len (padded/real {r[3]:.2f}), paddle's stock model; same weights and seed; feature building ({build_s:.1f} s) counted in both; batches of the two interleaved")
 
 
 # ---------------------------------------------------------------------------------------- padding
@@ -830,4 +893,7 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    runtime.run_main(main)
+    if len(sys.argv) > 2 and sys.argv[1] == DP_WORKER_FLAG:
+        runtime.run_main(lambda: dp_worker(json.loads(sys.argv[2])))
+    else:
+        runtime.run_main(main)

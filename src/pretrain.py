@@ -82,7 +82,7 @@ def resolve_config(args) -> dict:
         "seed": args.seed if args.seed is not None else base["seed"],
         "data_dir": args.data_dir or base.get("data_dir"),
         "train_sources": list(base["train_sources"]), "eval_sources": eval_sources,
-        "masking_probs": dict(base["masking"]),
+        "masking_probs": dict(base["masking"]), "cpu_fast_paths": bool(base.get("cpu_fast_paths", True)),
     }
 
 
@@ -348,6 +348,10 @@ def pretrain(args):
         tokenizer, tok_desc, init = resolve_tokenizer(cfg)
         log.info("recipe %s (profile %s): %s", cfg["recipe"], cfg["profile"], tok_desc)
     model, model_desc = build_model(cfg, tokenizer, init)  # before the data: a bad --init fails in seconds
+    if cfg["cpu_fast_paths"]:
+        from mrc.fast_encoder import speed_up_for_cpu
+
+        speed_up_for_cpu(model)
     with main_process_first():
         manifest = prepare_data(cfg, tokenizer, fast_tokenizer(tokenizer))
     data_dir = out / "data"

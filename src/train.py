@@ -306,6 +306,7 @@ def run_fold(k, cfg, spec, data_dir, fit_df, valid_df, dev_df, dev_features, fas
     from mrc.io_utils import set_all_seeds
     from mrc.features import NUM_MATCH_TYPES
     from mrc.model import SpanAnswerableModel, count_parameters, extend_token_types
+    from mrc.fast_encoder import speed_up_for_cpu
 
     t0 = time.time()
     set_all_seeds(seed + k)
@@ -334,6 +335,8 @@ def run_fold(k, cfg, spec, data_dir, fit_df, valid_df, dev_df, dev_features, fas
     head_dropout = cfg["train"]["dropout"] if cfg.get("dropout") is None else float(cfg["dropout"])
     model = SpanAnswerableModel(encoder, dropout=head_dropout)
     log.info("fold %d: model %s, %d parameters", k, type(encoder).__name__, count_parameters(model))
+    if cfg.get("cpu_fast_paths", True):
+        speed_up_for_cpu(model)
     sampler = LengthBucketBatchSampler(train_features.lengths(), int(cfg["batch_size"]), seed=seed + k)
     steps_per_epoch = len(sampler)
     targs = TrainingArguments(

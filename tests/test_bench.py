@@ -8,9 +8,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def run_bench(args, data_dir, tmp_path):
+def run_bench(args, data_dir, tmp_path, threads=1):
     env = dict(os.environ, PYTHONPATH=str(ROOT / "src"), MRC_DATA_DIR=str(data_dir), MRC_OFFLINE="1",
-               OMP_NUM_THREADS="1", MKL_DEBUG_CPU_TYPE="5", PYTHONWARNINGS="ignore")
+               OMP_NUM_THREADS=str(threads), MKL_DEBUG_CPU_TYPE="5", PYTHONWARNINGS="ignore")
     return subprocess.run([sys.executable, str(ROOT / "src" / "bench.py"), *args], capture_output=True, text=True,
                           env=env, cwd=ROOT, timeout=120)
 
@@ -97,3 +97,17 @@ def test_export_fold_model_matches_dynamic_graph(tmp_path):
         assert [g.shape for g in got] == [(3, 17), (3, 17), (3, 2)]
         for g, e in zip(got, expected):
             np.testing.assert_allclose(g, e, rtol=1e-4, atol=1e-4)
+
+
+def test_bench_quick_train_part_times_the_data_parallel_step(data_dir, tmp_path):
+    """The train part adds the QA step as `bash run.sh all` trains it (2 one-thread processes, src/launch.py) and the
+    step with paddle's own encoder forward (what mrc.fast_encoder gains), beside the plain rows."""
+    out = tmp_path / "bench" / "bench.md"
+    proc = run_bench(["--quick", "--parts", "train", "--output", str(out), "--torch_python", str(tmp_path / "no-python")],
+                     data_dir, tmp_path, threads=2)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    steps = {r["item"]: r["this"] for r in json.loads((out.parent / "bench.json").read_text(encoding="utf-8"))["rows"]
+             if r["unit"] == "s/step"}
+    assert steps["QA fine-tuning step, seq 64 x batch 4, 2 processes x 1 thread x 2 rows"] > 0
+    assert steps["QA fine-tuning, paddle's own encoder forward step, seq 64 x batch 4"] > 0
+    assert steps["QA fine-tuning step, seq 64 x batch 4"] > 0 and steps["pre-training MLM+NSP step, seq 64 x batch 4"] > 0
