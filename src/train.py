@@ -111,10 +111,11 @@ def resolve_config(args) -> dict:
     if args.repeat is not None:
         cfg["repeat_sources"] = parse_repeats(args.repeat)
     sized_for = cfg.get("epochs_sized_for_minutes")
-    if args.epochs is None and sized_for and cfg.get("max_minutes") and cfg["max_minutes"] > sized_for:
-        # the profile's epochs fill `sized_for` minutes; a longer budget trains proportionally longer
-        # (the learning-rate schedule ends with the budget instead of idling at the end of the epochs)
-        cfg["epochs"] = round(float(cfg["epochs"]) * cfg["max_minutes"] / sized_for, 2)
+    fold_minutes = cfg["max_minutes"] / int(cfg.get("train_folds") or cfg["folds"]) if cfg.get("max_minutes") else None
+    if args.epochs is None and sized_for and fold_minutes and fold_minutes > sized_for:
+        # the profile's epochs fill `sized_for` minutes of one fold (the folds share the budget equally); a longer
+        # budget trains proportionally longer (the learning-rate schedule ends with the budget instead of idling)
+        cfg["epochs"] = round(float(cfg["epochs"]) * fold_minutes / sized_for, 2)
     if cfg.get("dropout") is not None and not 0 <= float(cfg["dropout"]) < 1:
         raise MRCError(f"--dropout {cfg['dropout']}: must be in [0, 1)")
     if cfg.get("target_unanswerable_share") is not None:  # checked here, not after the training it would end

@@ -183,8 +183,10 @@ def test_keep_negative_windows_keeps_answers_and_one_window_per_unanswerable_que
 def test_a_longer_budget_scales_the_cpu_profiles_epochs():
     cfg = lambda *argv: train.resolve_config(train.build_parser().parse_args(["--profile", "cpu", *argv]))  # noqa: E731
     base = cfg()
-    assert cfg("--max_minutes", str(base["epochs_sized_for_minutes"] / 2))["epochs"] == base["epochs"]
-    assert cfg("--max_minutes", str(base["epochs_sized_for_minutes"] * 3))["epochs"] == pytest.approx(base["epochs"] * 3)
+    folds, sized_for = base["train_folds"], base["epochs_sized_for_minutes"]  # minutes of one fold; folds share the budget
+    assert cfg("--max_minutes", str(folds * sized_for / 2))["epochs"] == base["epochs"]
+    assert cfg("--max_minutes", str(folds * sized_for * 3))["epochs"] == pytest.approx(base["epochs"] * 3)
+    assert cfg("--max_minutes", str(sized_for * 3), "--train_folds", "1")["epochs"] == pytest.approx(base["epochs"] * 3)
     assert cfg("--max_minutes", "500", "--epochs", "1")["epochs"] == 1  # an explicit --epochs wins
 
 
