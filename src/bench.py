@@ -369,6 +369,7 @@ class Context:
         self.threads = int(os.environ.get("OMP_NUM_THREADS", "2"))
         self.seq_lens = [int(s) for s in (args.seq_lens or ("64" if args.quick else "128,256,384")).split(",")]
         self.train_batch = 4 if args.quick else args.batch_size
+        self.fast_paths = bool(load_yaml_config("configs/default.yaml").get("cpu_fast_paths", True))  # as training runs
 
     def peak_gflops(self, threads: int) -> float:
         """The fp32 peak of the cores `threads` can use, by the formula at the clock /proc/cpuinfo reports. A boosting
@@ -427,7 +428,7 @@ def paddle_train_step(kind, sizes, vocab, batch_np, dropout=0.1, fast_paths=True
 
         def loss_fn():
             return net(**inputs)[0]
-    if fast_paths:  # as training runs it (configs/default.yaml cpu_fast_paths)
+    if fast_paths:
         from mrc.fast_encoder import speed_up_for_cpu
 
         speed_up_for_cpu(model)
@@ -473,7 +474,7 @@ def dp_worker(spec: dict) -> None:
     info = world_info()
     rows = {k: v[info.rank::info.world_size] for k, v in synthetic_batch(spec["vocab"], spec["batch"], spec["seq"]).items()
             if k in ("input_ids", "token_type_ids", "attention_mask", "start_positions", "end_positions", "answerable_label")}
-    step = paddle_train_step("qa", spec["sizes"], spec["vocab"], rows, spec["dropout"], data_parallel=True)
+    step = paddle_train_step("qa", spec["sizes"], spec["vocab"], rows, spec["dropout"], spec["fast_paths"], data_parallel=True)
     seconds = timed(step, spec["steps"])
     if info.rank == 0:
         atomic_write_json(spec["output"], {"seconds": seconds, "world_size": info.world_size})
@@ -486,7 +487,7 @@ def run_data_parallel(ctx, nproc: int, seq: int, vocab: int) -> float | None:
 
     out = ctx.tmp / f"dp_{nproc}_{seq}.json"
     spec = {"vocab": vocab, "batch": ctx.train_batch, "seq": seq, "sizes": ctx.sizes, "dropout": 0.1, "steps": ctx.steps,
-            "output": str(out)}
+            "fast_paths": ctx.fast_paths, "output": str(out)}
     log_dir = REPO_ROOT / "outputs" / "bench" / "dp_logs"
     args, rest = parse([os.path.abspath(__file__), "--nproc", str(nproc), "--log_dir", str(log_dir),
                         DP_WORKER_FLAG, json.dumps(spec)])
@@ -519,7 +520,7 @@ def part_train(ctx, table):
     threads = ctx.threads
     for task in tasks:
         step = paddle_train_step(task["kind"], ctx.sizes, vocab, synthetic_batch(vocab, batch, task["seq"]), task["dropout"],
-                                 task.get("fast_paths", True))
+                                 task.get("fast_paths", ctx.fast_paths))
         paddle_times[task["name"]] = (timed(step, ctx.steps), load_avg())
         del step
         result = run_torch(ctx, {"threads": threads, "sizes": ctx.sizes, "vocab_size": vocab, "tasks": [task]}) or {}
@@ -538,7 +539,7 @@ def part_train(ctx, table):
         label = "pre-training MLM+NSP" if task["kind"] == "pretrain" else "QA fine-tuning"
         if task["dropout"] == 0:
             label += " without dropout"
-        if not task.get("fast_paths", True):
+        if not task.get("fast_paths", ctx.fast_paths):
             label += ", paddle's own encoder forward"
         tokens = batch * seq
         table.add("train", f"{label} step, seq {seq} x batch {batch}", pt, tt, "s/step",
@@ -547,7 +548,7 @@ def part_train(ctx, table):
         table.add("train", f"{label} GFLOP/s, seq {seq}", flops / pt / 1e9, flops / tt / 1e9 if tt else None, "GFLOP/s",
                   f"{flops / 1e9:.1f} GFLOP/step (exact matmuls x3); paddle {100 * flops / pt / 1e9 / peak:.1f}% of the "
                   f"{peak:.0f} GFLOP/s peak of {min(threads, machine['cores'])} core(s)")
-        if task["kind"] == "qa" and task["dropout"] and task.get("fast_paths", True) and dp_times.get(seq):
+        if task["kind"] == "qa" and task["dropout"] and "fast_paths" not in task and dp_times.get(seq):
             dp = dp_times[seq]
             table.add("train", f"QA fine-tuning step, seq {seq} x batch {batch}, {nproc} processes x 1 thread x {batch // nproc} rows",
                       dp, tt, "s/step", f"data parallel (src/launch.py --nproc {nproc}, gloo all-reduce), as bash run.sh all "
@@ -597,7 +598,6 @@ def part_epoch(ctx, table):
     from mrc.fast_encoder import speed_up_for_cpu
     from mrc.model import SpanAnswerableModel
 
-    fast_paths = bool(load_yaml_config("configs/default.yaml").get("cpu_fast_paths", True))
     n_q = ctx.args.epoch_questions or (16 if ctx.quick else 400)
     max_len, stride = (128, 32) if ctx.quick else (256, 64)
     df = ctx.questions(n_q, seed=1)
@@ -616,7 +616,7 @@ def part_epoch(ctx, table):
     for recipe in batch_lists:
         paddle.seed(0)
         model = SpanAnswerableModel(BertModel(BertConfig(vocab_size=fast.get_vocab_size(), pad_token_id=0, type_vocab_size=2, **ctx.sizes)))
-        if recipe == "project" and fast_paths:  # the project trains with them; run_qa runs the stock model
+        if recipe == "project" and ctx.fast_paths:  # the project trains with them; run_qa runs the stock model
             speed_up_for_cpu(model)
         model.train()
         opt = paddle.optimizer.AdamW(learning_rate=1e-4, parameters=model.parameters(), weight_decay=0.01)
@@ -641,7 +641,7 @@ def part_epoch(ctx, table):
     results = {r: (runs[r]["seconds"], len(feats), len(batch_lists[r]), runs[r]["padded"] / runs[r]["real"], load_avg()) for r in runs}
     p, r = results["project"], results["run_qa"]
     table.add("epoch", f"QA epoch, {len(df)} questions ({p[1]} windows, {p[2]} steps), max_len {max_len}", p[0], r[0], "s/epoch",
-              f"this: length buckets + dynamic padding (padded/real {p[3]:.2f}){' + CPU fast paths' if fast_paths else ''}; "
+              f"this: length buckets + dynamic padding (padded/real {p[3]:.2f}){' + CPU fast paths' if ctx.fast_paths else ''}; "
               f"reference: HF run_qa padding to max_len (padded/real {r[3]:.2f}), paddle's stock model; same weights and seed; feature building ({build_s:.1f} s) counted in both; batches of the two interleaved")
 
 

@@ -190,6 +190,18 @@ def test_a_longer_budget_scales_the_cpu_profiles_epochs():
     assert cfg("--max_minutes", "500", "--epochs", "1")["epochs"] == 1  # an explicit --epochs wins
 
 
+def test_a_short_budget_trains_fewer_folds():
+    cfg = lambda *argv: train.resolve_config(train.build_parser().parse_args(["--profile", "cpu", *argv]))  # noqa: E731
+    base = cfg()
+    per_fold = base["min_fold_minutes"]
+    assert base["train_folds"] == 2  # no budget given: the profile's folds
+    assert cfg("--max_minutes", str(2 * per_fold))["train_folds"] == 2
+    assert cfg("--max_minutes", str(2 * per_fold - 1))["train_folds"] == 1
+    assert cfg("--max_minutes", "5")["train_folds"] == 1  # never fewer than one
+    assert cfg("--max_minutes", "500")["train_folds"] == 2  # never more than the profile's
+    assert cfg("--max_minutes", "5", "--train_folds", "2")["train_folds"] == 2  # an explicit --train_folds wins
+
+
 def test_bad_post_expand_to_fails_when_the_config_is_read(tmp_path):
     config = tmp_path / "train.yaml"
     text = (train.REPO_ROOT / "configs" / "train.yaml").read_text(encoding="utf-8")
