@@ -401,6 +401,10 @@ class Context:
 
 # ------------------------------------------------------------------------------------------ train
 
+# the per-row arrays of a synthetic batch that a QA step takes (the rest are pre-training's)
+QA_BATCH_KEYS = ("input_ids", "token_type_ids", "attention_mask", "start_positions", "end_positions", "answerable_label")
+
+
 def paddle_train_step(kind, sizes, vocab, batch_np, dropout=0.1, fast_paths=True, data_parallel=False):
     import paddle
     import paddle.nn.functional as F
@@ -422,7 +426,7 @@ def paddle_train_step(kind, sizes, vocab, batch_np, dropout=0.1, fast_paths=True
         config = BertConfig(vocab_size=vocab, pad_token_id=0, type_vocab_size=2, hidden_dropout_prob=dropout,
                             attention_probs_dropout_prob=dropout, **sizes)
         model = SpanAnswerableModel(BertModel(config), dropout=dropout)
-        inputs = {k: b[k] for k in ("input_ids", "token_type_ids", "start_positions", "end_positions", "answerable_label")}
+        inputs = {k: b[k] for k in QA_BATCH_KEYS if k != "attention_mask"}
         inputs["attention_mask"] = b["attention_mask"].astype("float32")
         net = model
 
@@ -472,8 +476,8 @@ def dp_worker(spec: dict) -> None:
 
     ensure_process_group()
     info = world_info()
-    rows = {k: v[info.rank::info.world_size] for k, v in synthetic_batch(spec["vocab"], spec["batch"], spec["seq"]).items()
-            if k in ("input_ids", "token_type_ids", "attention_mask", "start_positions", "end_positions", "answerable_label")}
+    batch = synthetic_batch(spec["vocab"], spec["batch"], spec["seq"])
+    rows = {k: batch[k][info.rank::info.world_size] for k in QA_BATCH_KEYS}
     step = paddle_train_step("qa", spec["sizes"], spec["vocab"], rows, spec["dropout"], spec["fast_paths"], data_parallel=True)
     seconds = timed(step, spec["steps"])
     if info.rank == 0:

@@ -110,11 +110,12 @@ def resolve_config(args) -> dict:
         raise MRCError(f"train_sources: {cfg['dev_source']} is the development set and never training data")
     if args.repeat is not None:
         cfg["repeat_sources"] = parse_repeats(args.repeat)
+    folds_to_train = int(cfg.get("train_folds") or cfg["folds"])
     if cfg.get("min_fold_minutes") and args.train_folds is None and cfg.get("max_minutes"):
         # no more folds than the budget trains fully: at 15 minutes two folds of 6 answered nothing on dev_public
-        cfg["train_folds"] = max(1, min(int(cfg.get("train_folds") or cfg["folds"]), int(cfg["max_minutes"] // cfg["min_fold_minutes"])))
+        folds_to_train = cfg["train_folds"] = max(1, min(folds_to_train, int(cfg["max_minutes"] // cfg["min_fold_minutes"])))
     sized_for = cfg.get("epochs_sized_for_minutes")
-    fold_minutes = cfg["max_minutes"] / int(cfg.get("train_folds") or cfg["folds"]) if cfg.get("max_minutes") else None
+    fold_minutes = cfg["max_minutes"] / folds_to_train if cfg.get("max_minutes") else None
     if args.epochs is None and sized_for and fold_minutes and fold_minutes > sized_for:
         # the profile's epochs fill `sized_for` minutes of one fold (the folds share the budget equally); a longer
         # budget trains proportionally longer (the learning-rate schedule ends with the budget instead of idling)

@@ -180,26 +180,28 @@ def test_keep_negative_windows_keeps_answers_and_one_window_per_unanswerable_que
     assert [int(x[0]) for x in some.input_ids] == [int(x[0]) for x in sampling.keep_negative_windows(f, 0.5, seed=1).input_ids]
 
 
+def cpu_config(*argv):
+    return train.resolve_config(train.build_parser().parse_args(["--profile", "cpu", *argv]))
+
+
 def test_a_longer_budget_scales_the_cpu_profiles_epochs():
-    cfg = lambda *argv: train.resolve_config(train.build_parser().parse_args(["--profile", "cpu", *argv]))  # noqa: E731
-    base = cfg()
+    base = cpu_config()
     folds, sized_for = base["train_folds"], base["epochs_sized_for_minutes"]  # minutes of one fold; folds share the budget
-    assert cfg("--max_minutes", str(folds * sized_for / 2))["epochs"] == base["epochs"]
-    assert cfg("--max_minutes", str(folds * sized_for * 3))["epochs"] == pytest.approx(base["epochs"] * 3)
-    assert cfg("--max_minutes", str(sized_for * 3), "--train_folds", "1")["epochs"] == pytest.approx(base["epochs"] * 3)
-    assert cfg("--max_minutes", "500", "--epochs", "1")["epochs"] == 1  # an explicit --epochs wins
+    assert cpu_config("--max_minutes", str(folds * sized_for / 2))["epochs"] == base["epochs"]
+    assert cpu_config("--max_minutes", str(folds * sized_for * 3))["epochs"] == pytest.approx(base["epochs"] * 3)
+    assert cpu_config("--max_minutes", str(sized_for * 3), "--train_folds", "1")["epochs"] == pytest.approx(base["epochs"] * 3)
+    assert cpu_config("--max_minutes", "500", "--epochs", "1")["epochs"] == 1  # an explicit --epochs wins
 
 
 def test_a_short_budget_trains_fewer_folds():
-    cfg = lambda *argv: train.resolve_config(train.build_parser().parse_args(["--profile", "cpu", *argv]))  # noqa: E731
-    base = cfg()
+    base = cpu_config()
     per_fold = base["min_fold_minutes"]
     assert base["train_folds"] == 2  # no budget given: the profile's folds
-    assert cfg("--max_minutes", str(2 * per_fold))["train_folds"] == 2
-    assert cfg("--max_minutes", str(2 * per_fold - 1))["train_folds"] == 1
-    assert cfg("--max_minutes", "5")["train_folds"] == 1  # never fewer than one
-    assert cfg("--max_minutes", "500")["train_folds"] == 2  # never more than the profile's
-    assert cfg("--max_minutes", "5", "--train_folds", "2")["train_folds"] == 2  # an explicit --train_folds wins
+    assert cpu_config("--max_minutes", str(2 * per_fold))["train_folds"] == 2
+    assert cpu_config("--max_minutes", str(2 * per_fold - 1))["train_folds"] == 1
+    assert cpu_config("--max_minutes", "5")["train_folds"] == 1  # never fewer than one
+    assert cpu_config("--max_minutes", "500")["train_folds"] == 2  # never more than the profile's
+    assert cpu_config("--max_minutes", "5", "--train_folds", "2")["train_folds"] == 2  # an explicit --train_folds wins
 
 
 def test_bad_post_expand_to_fails_when_the_config_is_read(tmp_path):
