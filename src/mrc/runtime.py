@@ -3,7 +3,10 @@
 - Threads: Paddle pins itself to one OpenMP thread unless OMP_NUM_THREADS is set; use every core.
 - MKL_DEBUG_CPU_TYPE=5: Paddle's bundled MKL takes a slow code path on AMD CPUs (~2x measured here).
 - scipy.linalg is imported before paddle: with paddlepaddle-gpu 2.6.2 a later import fails (zlib clash).
+- glibc keeps freed blocks up to 32 MiB for reuse (`keep_freed_memory`): by default it hands every block above its
+  mmap threshold back to the OS, and paddle's CPU allocator then page-faults fresh memory for each new tensor.
 """
+import ctypes
 import logging
 import os
 import sys
@@ -11,6 +14,26 @@ import sys
 os.environ.setdefault("OMP_NUM_THREADS", str(os.cpu_count() or 1))
 os.environ.setdefault("MKL_DEBUG_CPU_TYPE", "5")
 os.environ.setdefault("HF_HUB_OFFLINE", "0")
+
+# glibc mallopt parameters (malloc.h)
+M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3
+MMAP_THRESHOLD_MAX = 32 << 20  # glibc's ceiling for M_MMAP_THRESHOLD on 64-bit
+
+
+def keep_freed_memory() -> bool:
+    """Serve tensors up to 32 MiB from glibc's heap and never trim it: a [4096, 256] float multiply then takes 0.07 ms
+    instead of 1.2 ms (measured here: the 1.1 ms were page faults on freshly mmapped memory, numpy's own multiply
+    of the same arrays 0.15 ms). Costs resident memory: peak heap use is kept. MRC_KEEP_FREED_MEMORY=0 turns it off."""
+    if os.environ.get("MRC_KEEP_FREED_MEMORY", "1") == "0" or not sys.platform.startswith("linux"):
+        return False
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+    except OSError:  # not glibc (e.g. musl): nothing to tune
+        return False
+    return bool(libc.mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD_MAX)) and bool(libc.mallopt(M_TRIM_THRESHOLD, 2**31 - 1))
+
+
+KEPT_FREED_MEMORY = keep_freed_memory()
 
 import scipy.linalg  # noqa: E402,F401  (must precede `import paddle`, see above)
 
