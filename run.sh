@@ -5,7 +5,7 @@ set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 VENV="${MRC_VENV:-$ROOT/.venv}"
 PY="$VENV/bin/python"
-STAGES="setup download data pretrain train predict ensemble report bench all test"
+STAGES="setup download data pretrain train predict ensemble report headroom bench all test"
 
 usage() {
     echo "usage: bash run.sh {$(echo $STAGES | tr ' ' '|')} [--help] [stage flags]"
@@ -14,7 +14,7 @@ usage() {
 # stage -> entry point under src/ (stages not listed here are handled in this file)
 declare -A SCRIPT=(
     [download]=download.py [data]=data_stats.py [pretrain]=pretrain.py [train]=train.py
-    [predict]=predict.py [ensemble]=ensemble.py [report]=report.py [bench]=bench.py [all]=run_all.py
+    [predict]=predict.py [ensemble]=ensemble.py [report]=report.py [headroom]=headroom.py [bench]=bench.py [all]=run_all.py
 )
 
 setup() {

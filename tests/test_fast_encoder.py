@@ -4,7 +4,7 @@ import paddle
 import pytest
 from paddlenlp.transformers import BertConfig, BertModel, ErnieConfig, ErnieModel
 
-from mrc.fast_encoder import bulk_dropout, speed_up_for_cpu
+from mrc.fast_encoder import RowLayerNorm, bulk_dropout, speed_up_for_cpu
 from mrc.model import SpanAnswerableModel
 
 
@@ -34,6 +34,7 @@ def test_fast_forward_gives_paddles_logits_and_gradients(arch):
     plain, fast = twin_models(arch)
     counts = speed_up_for_cpu(fast)
     assert counts["encoder_layers"] == 2 and counts["dropouts"] > 0
+    assert counts["layer_norms"] == 5  # two per layer and the embeddings'
     assert list(fast.state_dict()) == list(plain.state_dict())  # checkpoints unchanged
     inputs = batch()
     outputs = {}
@@ -85,3 +86,34 @@ def test_dropout_layers_in_eval_mode_are_the_identity():
     np.testing.assert_array_equal(first, second)
     fast.train()
     assert not np.array_equal(fast(**inputs)[0].numpy(), first)
+
+
+def test_row_layer_norm_matches_the_formula_and_paddles_layer_norm():
+    rng = np.random.RandomState(1)
+    x_np, dy_np = rng.randn(2, 5, 8) * 3 + 1, rng.randn(2, 5, 8)
+    weight_np, bias_np = rng.rand(8) + 0.5, np.arange(8) / 10
+    centred = x_np - x_np.mean(-1, keepdims=True)
+    inv_std = 1 / np.sqrt((centred**2).mean(-1, keepdims=True) + 1e-5)
+    normed = centred * inv_std
+    d_normed = dy_np * weight_np
+    want = {"y": normed * weight_np + bias_np,
+            "x": (d_normed - d_normed.mean(-1, keepdims=True) - normed * (d_normed * normed).mean(-1, keepdims=True)) * inv_std,
+            "weight": (dy_np * normed).sum((0, 1)), "bias": dy_np.sum((0, 1))}
+
+    def run(layer_norm, frozen_weight):
+        x = paddle.to_tensor(x_np.astype("float32"), stop_gradient=False)
+        weight = paddle.to_tensor(weight_np.astype("float32"), stop_gradient=frozen_weight)
+        bias = paddle.to_tensor(bias_np.astype("float32"), stop_gradient=False)
+        y = layer_norm(x, weight, bias)
+        (y * paddle.to_tensor(dy_np.astype("float32"))).sum().backward()
+        return {"y": y, "x": x.grad, "weight": weight.grad, "bias": bias.grad}
+
+    rows = lambda x, w, b: RowLayerNorm.apply(x, w, b, 1e-5)  # noqa: E731
+    paddles = lambda x, w, b: paddle.nn.functional.layer_norm(x, [8], w, b, 1e-5)  # noqa: E731
+    for got in (run(rows, False), run(paddles, False)):
+        for key, value in want.items():
+            np.testing.assert_allclose(got[key].numpy(), value, rtol=1e-4, atol=1e-5, err_msg=key)
+    frozen = run(rows, True)  # a frozen scale gets no gradient and still scales the input's
+    assert frozen["weight"] is None
+    np.testing.assert_allclose(frozen["x"].numpy(), want["x"], rtol=1e-4, atol=1e-5)
+    # (paddle 3.3.1's own CPU layer_norm computes the input gradient as if a frozen scale were all ones)

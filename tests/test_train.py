@@ -229,3 +229,20 @@ def test_train_sources_from_the_profile_or_the_flag_never_an_evaluation_set():
         cfg("--profile", "cpu", "--train_sources", "squad2_zh,checklist_dev")
     with pytest.raises(MRCError, match="empty"):
         cfg("--profile", "cpu", "--train_sources", ",")
+
+
+def test_headroom_of_a_trained_run(tiny_run, capsys):
+    import headroom
+
+    out, _ = tiny_run
+    assert headroom.main(["--exp", "t", "--output_dir", str(out)]) == 0
+    result = json.loads((out / "t" / "headroom.json").read_text(encoding="utf-8"))
+    assert result["questions"] == 16 and result["run_F1"] is not None
+    assert result["spans"]["best_sentence"] >= result["spans"]["first_sentence"]
+    for row in result["best_F1"].values():  # a threshold may answer nothing: never below 'no answer' everywhere
+        assert all(f1 >= result["no_answer_F1"] - 1e-9 for f1, _ in row.values())
+    assert "| decision value | AUC |" in capsys.readouterr().out
+    with pytest.raises(MRCError, match="go together"):
+        headroom.main(["--exp", "t", "--output_dir", str(out), "--input", "x.json"])
+    with pytest.raises(MRCError, match="train it first"):
+        headroom.main(["--exp", "nope", "--output_dir", str(out)])

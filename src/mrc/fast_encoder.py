@@ -11,12 +11,16 @@ rebinds forwards and leaves parameters and state dict alone (checkpoints load an
     paddle.seed and the Trainer's saved RNG state still fix it;
   - the encoder's layers run on [batch * seq, hidden] rows; every Linear is GemmLinear (addmm forward, three
     GEMMs backward), q, k and v one of them over the three weights side by side, 1/sqrt(d) folded into q's;
-  - the attention mask expanded to [batch, heads, seq, seq] once per forward, not broadcast in each layer.
+  - the attention mask expanded to [batch, heads, seq, seq] once per forward, not broadcast in each layer;
+  - every nn.LayerNorm (the layers' and the embeddings'): paddle's CPU layer_norm backward takes 18 ms over
+    [4096, 256] where its forward takes 0.5 ms; RowLayerNorm's backward (GEMM column sums) halves the pair
+    (QA step at seq 256, one thread: 2.09 -> 1.98 s).
 A cache, attention weights or hidden states asked for, pre-norm layers, recompute and GPU runs keep paddle's forward.
 """
 from __future__ import annotations
 
 import logging
+import math
 import types
 
 import numpy as np
@@ -64,6 +68,39 @@ class GemmLinear(PyLayer):
         d_weight = paddle.matmul(rows, grad, transpose_x=True) if ctx.needs[1] else None
         d_bias = paddle.matmul(paddle.ones([1, grad.shape[0]], grad.dtype), grad).reshape([-1]) if ctx.needs[2] else None
         return d_rows, d_weight, d_bias
+
+
+class RowLayerNorm(PyLayer):
+    """Layer norm over the last axis whose backward takes half the time of paddle's CPU kernel ([4096, 256] rows,
+    forward + backward: 9 ms vs 19 ms): the scale and shift gradients are column sums, done as GEMMs with a row of
+    ones (see GemmLinear), and the input gradient is the textbook row-wise formula."""
+
+    @staticmethod
+    def forward(ctx, x, weight, bias, epsilon):
+        centred = x - x.mean(axis=-1, keepdim=True)
+        inv_std = paddle.rsqrt((centred * centred).mean(axis=-1, keepdim=True) + epsilon)
+        normed = centred * inv_std
+        ctx.save_for_backward(normed, inv_std, weight)
+        ctx.needs = [not t.stop_gradient for t in (x, weight, bias)]
+        return normed * weight + bias
+
+    @staticmethod
+    def backward(ctx, grad):
+        normed, inv_std, weight = ctx.saved_tensor()
+        width = grad.shape[-1]
+        ones = paddle.ones([1, math.prod(grad.shape[:-1])], grad.dtype)
+        d_weight = paddle.matmul(ones, (grad * normed).reshape([-1, width])).reshape([-1]) if ctx.needs[1] else None
+        d_bias = paddle.matmul(ones, grad.reshape([-1, width])).reshape([-1]) if ctx.needs[2] else None
+        d_x = None
+        if ctx.needs[0]:
+            d_normed = grad * weight
+            d_x = (d_normed - d_normed.mean(axis=-1, keepdim=True)
+                   - normed * (d_normed * normed).mean(axis=-1, keepdim=True)) * inv_std
+        return d_x, d_weight, d_bias
+
+
+def _layer_norm_forward(self, x):
+    return RowLayerNorm.apply(x, self.weight, self.bias, self._epsilon)
 
 
 def _attention(attn: nn.MultiHeadAttention, rows, mask, b: int, s: int):
@@ -121,7 +158,7 @@ def fast_encoder_forward(self, src, src_mask=None, cache=None, output_attentions
 
 def speed_up_for_cpu(model: nn.Layer) -> dict:
     """Rebind the forwards described above inside `model`; counts of what was rebound (all zero off the CPU)."""
-    counts = {"encoder_layers": 0, "dropouts": 0}
+    counts = {"encoder_layers": 0, "dropouts": 0, "layer_norms": 0}
     if not on_cpu():
         return counts
     for layer in model.sublayers(include_self=True):
@@ -133,5 +170,10 @@ def speed_up_for_cpu(model: nn.Layer) -> dict:
         elif isinstance(layer, nn.Dropout) and layer.mode == "upscale_in_train" and layer.axis is None:
             layer._paddle_forward, layer.forward = layer.forward, types.MethodType(_dropout_forward, layer)
             counts["dropouts"] += 1
-    log.info("CPU fast paths (mrc.fast_encoder): %d encoder layers, %d dropout layers", counts["encoder_layers"], counts["dropouts"])
+        elif (isinstance(layer, nn.LayerNorm) and len(layer._normalized_shape) == 1 and layer.weight is not None
+              and layer.bias is not None):
+            layer._paddle_forward, layer.forward = layer.forward, types.MethodType(_layer_norm_forward, layer)
+            counts["layer_norms"] += 1
+    log.info("CPU fast paths (mrc.fast_encoder): %d encoder layers, %d dropout layers, %d layer norms", counts["encoder_layers"],
+             counts["dropouts"], counts["layer_norms"])
     return counts
