@@ -150,7 +150,6 @@ def main(argv=None):
         check_cpu_build()
     cmd, env = build_command(args, stage_args)
     os.environ.update(env)
-    os.environ.setdefault("MKL_DEBUG_CPU_TYPE", "5")
     os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT / "src"), os.environ.get("PYTHONPATH")) if p)
     log.info("launch: %s%s", " ".join(f"{k}={v}" for k, v in env.items()) + " " if env else "", " ".join(cmd))
     sys.stdout.flush()

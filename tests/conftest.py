@@ -10,9 +10,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 os.environ.setdefault("MRC_OFFLINE", "1")  # the hub is unreachable here; skip the attempt in tests
 os.environ.setdefault("OMP_NUM_THREADS", "2")
-os.environ.setdefault("MKL_DEBUG_CPU_TYPE", "5")
 
-from mrc import runtime  # noqa: E402,F401  (env before paddle)
+from mrc import runtime  # noqa: E402,F401  (env before paddle: threads, MKL_DEBUG_CPU_TYPE on AMD)
 from mrc.data import resolve_data_dir  # noqa: E402
 
 

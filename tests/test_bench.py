@@ -10,7 +10,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def run_bench(args, data_dir, tmp_path, threads=1):
     env = dict(os.environ, PYTHONPATH=str(ROOT / "src"), MRC_DATA_DIR=str(data_dir), MRC_OFFLINE="1",
-               OMP_NUM_THREADS=str(threads), MKL_DEBUG_CPU_TYPE="5", PYTHONWARNINGS="ignore")
+               OMP_NUM_THREADS=str(threads), PYTHONWARNINGS="ignore")
     return subprocess.run([sys.executable, str(ROOT / "src" / "bench.py"), *args], capture_output=True, text=True,
                           env=env, cwd=ROOT, timeout=120)
 

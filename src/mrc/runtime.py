@@ -1,7 +1,12 @@
 """Process set-up shared by every entry point. Import before paddle.
 
 - Threads: Paddle pins itself to one OpenMP thread unless OMP_NUM_THREADS is set; use every core.
-- MKL_DEBUG_CPU_TYPE=5: Paddle's bundled MKL takes a slow code path on AMD CPUs (~2x measured here).
+- MKL_DEBUG_CPU_TYPE=5 on AMD CPUs only: Paddle's bundled MKL takes a slow code path there (~2x measured on an EPYC);
+  on Intel the same setting forces its AVX2 path (a Xeon with AVX-512: 2048^3 GEMM 116 -> 68 GFLOP/s, 2 threads).
+- FLAGS_use_stride_kernel=0: paddle 3's transpose returns a strided view, and the copy that later makes it contiguous
+  (a reshape, a matmul operand, a gradient) runs at ~50 ns per element on the CPU: the attention's head transposes
+  took 24% of a QA training step (one [16, 256, 4, 64] transpose + copy 67 ms; with the flag 0.9-2.8 ms). Without
+  stride kernels transpose is paddle 2.x's copying kernel: QA step seq 256 x 16, 2 threads, 4.42 -> 1.79 s (Xeon).
 - scipy.linalg is imported before paddle: with paddlepaddle-gpu 2.6.2 a later import fails (zlib clash).
 - glibc keeps freed blocks up to 32 MiB for reuse (`keep_freed_memory`): by default it hands every block above its
   mmap threshold back to the OS, and paddle's CPU allocator then page-faults fresh memory for each new tensor.
@@ -11,8 +16,23 @@ import logging
 import os
 import sys
 
+
+def cpu_vendor(cpuinfo="/proc/cpuinfo") -> str:
+    """The CPU's vendor_id ('AuthenticAMD', 'GenuineIntel', ...), '' where /proc/cpuinfo cannot tell."""
+    try:
+        with open(cpuinfo, encoding="utf-8", errors="replace") as f:
+            for line in f:
+                if line.startswith("vendor_id"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return ""
+
+
 os.environ.setdefault("OMP_NUM_THREADS", str(os.cpu_count() or 1))
-os.environ.setdefault("MKL_DEBUG_CPU_TYPE", "5")
+if cpu_vendor() == "AuthenticAMD":
+    os.environ.setdefault("MKL_DEBUG_CPU_TYPE", "5")
+os.environ.setdefault("FLAGS_use_stride_kernel", "0")
 os.environ.setdefault("HF_HUB_OFFLINE", "0")
 
 # glibc mallopt parameters (malloc.h)
