@@ -42,13 +42,9 @@ launch_requested() {
     return 1
 }
 
-# Threads and MKL: Paddle pins itself to one thread unless told otherwise, and its bundled MKL takes a
-# slow path on AMD CPUs unless MKL_DEBUG_CPU_TYPE=5 (measured ~2x on an EPYC; on Intel it would force the
-# AVX2 path, so it is set on AMD only: src/mrc/runtime.py decides the same for every Python entry point).
+# Threads: Paddle pins itself to one thread unless told otherwise. MKL's CPU path (MKL_DEBUG_CPU_TYPE=5 on
+# AMD only) and paddle's stride kernels are set by src/mrc/runtime.py, which every Python entry point imports first.
 export OMP_NUM_THREADS="${OMP_NUM_THREADS:-$(nproc)}"
-if [[ -z "${MKL_DEBUG_CPU_TYPE+x}" ]] && grep -qm1 '^vendor_id.*AuthenticAMD' /proc/cpuinfo 2>/dev/null; then
-    export MKL_DEBUG_CPU_TYPE=5
-fi
 export PYTHONPATH="$ROOT/src${PYTHONPATH:+:$PYTHONPATH}"
 export PYTHONWARNINGS="${PYTHONWARNINGS:-ignore}"
 
