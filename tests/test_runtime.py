@@ -10,12 +10,17 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def kept_freed_memory(**env) -> str:
-    code = "from mrc import runtime; print(runtime.KEPT_FREED_MEMORY)"
+def fresh_process(code: str, drop=(), **env) -> str:
+    """stdout of `code` run in a new interpreter (runtime acts at import), env vars in `drop` removed first."""
+    base = {k: v for k, v in os.environ.items() if k not in drop}
     proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120,
-                          env={**os.environ, "PYTHONPATH": str(ROOT / "src"), **env})
+                          env={**base, "PYTHONPATH": str(ROOT / "src"), **env})
     assert proc.returncode == 0, proc.stderr
     return proc.stdout.strip()
+
+
+def kept_freed_memory(**env) -> str:
+    return fresh_process("from mrc import runtime; print(runtime.KEPT_FREED_MEMORY)", **env)
 
 
 @pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="the malloc settings are glibc's")
@@ -39,12 +44,9 @@ def test_cpu_vendor_reads_proc_cpuinfo(tmp_path):
 def test_mkl_amd_path_only_on_amd_and_never_over_the_users_choice():
     # MKL_DEBUG_CPU_TYPE=5 lifts paddle's MKL on AMD but forces the AVX2 path on an AVX-512 Intel CPU
     code = "import os; from mrc import runtime; print(repr(runtime.cpu_vendor()), os.environ.get('MKL_DEBUG_CPU_TYPE'))"
-    env = {k: v for k, v in os.environ.items() if k != "MKL_DEBUG_CPU_TYPE"}
-    run = lambda **extra: subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
-                                         timeout=120, env={**env, "PYTHONPATH": str(ROOT / "src"), **extra})
-    vendor, mkl = run().stdout.split()
+    vendor, mkl = fresh_process(code, drop=("MKL_DEBUG_CPU_TYPE",)).split()
     assert mkl == ("5" if vendor == "'AuthenticAMD'" else "None")
-    assert run(MKL_DEBUG_CPU_TYPE="4").stdout.split()[1] == "4"
+    assert fresh_process(code, MKL_DEBUG_CPU_TYPE="4").split()[1] == "4"
 
 
 def test_transpose_copies_instead_of_striding():
@@ -52,7 +54,4 @@ def test_transpose_copies_instead_of_striding():
     code = ("from mrc import runtime; import paddle; x = paddle.randn([2, 3, 4]); t = x.transpose([0, 2, 1]); "
             "print(paddle.get_flags(['FLAGS_use_stride_kernel'])['FLAGS_use_stride_kernel'], t.is_contiguous(), "
             "bool((t.numpy() == x.numpy().transpose(0, 2, 1)).all()))")
-    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120,
-                          env={**os.environ, "PYTHONPATH": str(ROOT / "src")})
-    assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.split()[-3:] == ["False", "True", "True"]
+    assert fresh_process(code).split()[-3:] == ["False", "True", "True"]
